@@ -1,0 +1,75 @@
+"""The `nasctl` command line. Each command group lives in its own module; heavy
+libraries (torch, pymoo, optuna, pandas) are imported only inside the commands that
+need them, so `nasctl --help` starts fast."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from typer.core import TyperGroup
+
+from .. import __version__, workspace
+from ..errors import NasctlError
+from . import hw, search, space
+
+
+class NasctlGroup(TyperGroup):
+    """Turns user errors into one line on stderr and an exit code; bugs keep their traceback."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.TyperException as e:  # usage errors: bad flag, bad value
+            if not standalone_mode:
+                raise
+            _fail(e.format_message(), e.exit_code)
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            _fail("aborted", 130)
+        except NasctlError as e:
+            if not standalone_mode:
+                raise
+            _fail(str(e), e.exit_code)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _fail(message: str, code: int):
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    sys.exit(code)
+
+
+app = typer.Typer(cls=NasctlGroup, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_show_locals=False,
+                  help="Hardware-aware neural architecture search.")
+
+
+def _version(value: bool):
+    if value:
+        typer.echo(f"nasctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    workspace_dir: Annotated[Optional[Path], typer.Option(
+        "--workspace", envvar="NASCTL_WORKSPACE",
+        help="Folder holding search_spaces/, hardware/, predictors/ and runs/.")] = None,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+):
+    workspace.set_workspace(workspace_dir)
+
+
+app.command("search")(search.search)
+app.add_typer(space.app, name="space")
+app.add_typer(hw.app, name="hw")
+
+
+def main() -> None:
+    app()

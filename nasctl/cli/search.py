@@ -1,0 +1,98 @@
+"""`nasctl search`: run a multi-objective, hardware-aware search."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ..config import SearchConfig, make_config
+from .render import err, out, print_json
+
+
+def _d(key: str) -> str:
+    return f"[default: {SearchConfig.model_fields[key].default}]"
+
+
+def search(
+    space: Annotated[Optional[str], typer.Option(help=f"Search space name or YAML path. {_d('space')}")] = None,
+    device: Annotated[Optional[str], typer.Option(help=f"Device name or YAML path. {_d('device')}")] = None,
+    dataset: Annotated[Optional[str], typer.Option(
+        help=f"'digits', a CIFAR-10 python-batches folder or an .npz file. {_d('dataset')}")] = None,
+    strategy: Annotated[Optional[str], typer.Option(help=f"Search strategy (nsga2, random). {_d('strategy')}")] = None,
+    objectives: Annotated[Optional[str], typer.Option(
+        help="Comma-separated metrics to optimise (accuracy, latency_ms, energy_mj, edp, params, macs). "
+             "[default: accuracy,edp]")] = None,
+    budget: Annotated[Optional[int], typer.Option(help=f"Candidates to evaluate. {_d('budget')}")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help=f"Proxy-training epochs per candidate. {_d('epochs')}")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help=f"Training batch size. {_d('batch_size')}")] = None,
+    lr: Annotated[Optional[float], typer.Option(help=f"Learning rate. {_d('lr')}")] = None,
+    seed: Annotated[Optional[int], typer.Option(help=f"Seed of every random choice. {_d('seed')}")] = None,
+    train_device: Annotated[Optional[str], typer.Option(
+        help=f"Where to train: auto, cpu or cuda. {_d('train_device')}")] = None,
+    max_latency_ms: Annotated[Optional[float], typer.Option(help="Constraint: expected latency (ms) at most this.")] = None,
+    max_energy_mj: Annotated[Optional[float], typer.Option(help="Constraint: expected energy (mJ) at most this.")] = None,
+    max_params: Annotated[Optional[int], typer.Option(help="Constraint: parameters at most this.")] = None,
+    run_dir: Annotated[Optional[Path], typer.Option(help="Run folder. [default: runs/<run-id>]")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+):
+    """Search a space for the Pareto front of accuracy and device cost."""
+    from ..engine import run_search
+
+    cfg = make_config(space=space, device=device, dataset=dataset, strategy=strategy,
+                      objectives=objectives.split(",") if objectives else None, budget=budget,
+                      epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, train_device=train_device,
+                      max_latency_ms=max_latency_ms, max_energy_mj=max_energy_mj, max_params=max_params)
+    with _Progress(cfg.budget) as progress:
+        result = run_search(cfg, run_dir, on_trial=progress.update)
+    if as_json:
+        return print_json({"run_dir": str(result.run_dir), "front": result.front,
+                           "objectives": cfg.objectives,
+                           "constraints": [str(c) for c in result.constraints],
+                           "timings": result.timings})
+    out.print(_front_table(result.front, cfg.objectives))
+    out.print(f"{len(result.trials)} candidates evaluated in {result.timings['total_s']:.0f} s; "
+              f"{len(result.front)} on the Pareto front.")
+    out.print(f"Run folder: {result.run_dir}")
+
+
+class _Progress:
+    """A rich progress bar on stderr, one step per evaluated candidate."""
+
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(TextColumn("searching"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), TextColumn("{task.description}"), console=err)
+        self._task = self._progress.add_task("", total=total)
+
+    def __enter__(self):
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._progress.stop()
+
+    def update(self, row: dict, done: int) -> None:
+        edp = "n/a" if row["edp"] is None else f"{row['edp']:.3g}"
+        self._progress.update(self._task, completed=done,
+                              description=f"last: {row['accuracy']:.1f}% EDP {edp} mJ·ms")
+
+
+def _front_table(front: list[dict], objectives: list[str]) -> Table:
+    table = Table(title=f"Pareto front ({', '.join(objectives)})")
+    for col in ("trial", "accuracy %", "latency ms", "energy mJ", "EDP mJ·ms", "params", "exits taken", "bits b/e"):
+        table.add_column(col, justify="left" if col == "exits taken" else "right")
+    for row in front:
+        arch = json.loads(row["arch"])
+        rates = ", ".join(f"{k.removeprefix('exit_rate_')} {v:.0%}" for k, v in row.items()
+                          if k.startswith("exit_rate_") and v > 0)
+        bits = f"{arch.get('backbone_bits', '')}/{arch.get('exit_bits', '')}"
+        table.add_row(str(row["trial"]), f"{row['accuracy']:.1f}", f"{row['latency_ms']:.4g}",
+                      "n/a" if row["energy_mj"] is None else f"{row['energy_mj']:.4g}",
+                      "n/a" if row["edp"] is None else f"{row['edp']:.4g}",
+                      f"{row['params']:,}", rates, bits)
+    return table

@@ -1,0 +1,1 @@
+"""Devices: the layer IR, cost models and their specs."""

@@ -1,0 +1,56 @@
+"""Objectives, constraints and Pareto helpers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .errors import UsageError
+
+# Metric columns of trials.csv a search can optimise, and which way is better.
+METRICS = {"accuracy": "max", "latency_ms": "min", "energy_mj": "min", "edp": "min",
+           "params": "min", "macs": "min"}
+# Constraint flags: an upper bound on a metric.
+CONSTRAINT_METRICS = {"max_latency_ms": "latency_ms", "max_energy_mj": "energy_mj", "max_params": "params"}
+
+
+def check_objectives(names: Sequence[str]) -> list[str]:
+    names = list(names)
+    for n in names:
+        if n not in METRICS:
+            raise UsageError(f"unknown objective '{n}'; allowed: {', '.join(METRICS)}")
+    if len(names) < 2 or len(set(names)) != len(names):
+        raise UsageError(f"objectives {','.join(names)}: give at least two different ones")
+    return names
+
+
+@dataclass(frozen=True)
+class Constraint:
+    metric: str
+    limit: float
+
+    def __str__(self) -> str:
+        return f"{self.metric} <= {self.limit:g}"
+
+    def violation(self, row: Mapping[str, float]) -> float:
+        """<= 0 where met; relative excess over the limit otherwise."""
+        return (row[self.metric] - self.limit) / max(abs(self.limit), 1e-12)
+
+
+def minimisation_matrix(rows: Sequence[Mapping[str, float]], objectives: Sequence[str]) -> np.ndarray:
+    """Objective values with maximised metrics negated, so smaller is better throughout."""
+    sign = np.array([-1.0 if METRICS[o] == "max" else 1.0 for o in objectives])
+    return np.array([[float(r[o]) for o in objectives] for r in rows], dtype=float).reshape(-1, len(objectives)) * sign
+
+
+def pareto_mask(F: np.ndarray) -> np.ndarray:
+    """True for rows of F (minimisation) that no other row dominates; equal rows are all kept."""
+    F = np.asarray(F, dtype=float)
+    n = len(F)
+    mask = np.ones(n, dtype=bool)
+    for i in range(n):
+        dominated = np.all(F <= F[i], axis=1) & np.any(F < F[i], axis=1)
+        mask[i] = not dominated.any()
+    return mask

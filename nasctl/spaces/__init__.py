@@ -1,0 +1,1 @@
+"""Search spaces: the base contract, the declarative (YAML) kinds, encodings."""

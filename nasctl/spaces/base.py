@@ -1,0 +1,122 @@
+"""The search-space contract."""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import UsageError
+from ..hardware.layers import LayerSpec
+
+Arch = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One knob of a space: a finite, ordered list of choices."""
+
+    name: str
+    choices: tuple
+
+    def index(self, value) -> int:
+        try:
+            return self.choices.index(value)
+        except ValueError:
+            allowed = ", ".join(map(str, self.choices))
+            raise UsageError(f"architecture knob '{self.name}' = {value!r} is not one of: {allowed}") from None
+
+
+class SearchSpace(ABC):
+    name: str
+    description: str = ""
+
+    @abstractmethod
+    def variables(self) -> Sequence[Variable]: ...
+
+    @abstractmethod
+    def to_layers(self, arch: Arch, input_shape: tuple[int, int, int], classes: int) -> list[LayerSpec]:
+        """The compute layers of `arch` for inputs of shape (C, H, W)."""
+
+    @abstractmethod
+    def build(self, arch: Arch, input_shape: tuple[int, int, int], classes: int):
+        """A torch module with one output per exit (final classifier last)."""
+
+    def exit_names(self) -> list[str]:
+        """Names of every exit the space can have, final classifier last (trials.csv columns)."""
+        return ["final"]
+
+    def active_exits(self, arch: Arch) -> list[str]:
+        """Names of the exits `arch` has, final classifier last."""
+        return ["final"]
+
+    # -- generic operations over the variables -------------------------------------
+    def validate(self, arch: Arch) -> dict:
+        names = [v.name for v in self.variables()]
+        unknown = sorted(set(arch) - set(names))
+        if unknown:
+            raise UsageError(f"architecture has unknown knob(s) {', '.join(unknown)} for space "
+                             f"'{self.name}'; its knobs are: {', '.join(names)}")
+        missing = [n for n in names if n not in arch]
+        if missing:
+            raise UsageError(f"architecture lacks knob(s) {', '.join(missing)} of space '{self.name}'")
+        out = {}
+        for v in self.variables():
+            v.index(arch[v.name])
+            out[v.name] = arch[v.name]
+        return out
+
+    def sample(self, rng: np.random.Generator) -> dict:
+        return {v.name: v.choices[int(rng.integers(len(v.choices)))] for v in self.variables()}
+
+    def mutate(self, arch: Arch, rng: np.random.Generator, rate: float | None = None) -> dict:
+        """Resample each knob with probability `rate` (default 1/n); at least one changes."""
+        variables = [v for v in self.variables() if len(v.choices) > 1]
+        rate = 1.0 / max(len(variables), 1) if rate is None else rate
+        out = dict(arch)
+        changed = False
+        for v in variables:
+            if rng.random() < rate:
+                out[v.name] = _other_choice(v, arch[v.name], rng)
+                changed = True
+        if not changed and variables:
+            v = variables[int(rng.integers(len(variables)))]
+            out[v.name] = _other_choice(v, arch[v.name], rng)
+        return out
+
+    def to_indices(self, arch: Arch) -> np.ndarray:
+        return np.array([v.index(arch[v.name]) for v in self.variables()], dtype=np.int64)
+
+    def from_indices(self, idx: Sequence[int]) -> dict:
+        return {v.name: v.choices[int(i)] for v, i in zip(self.variables(), idx)}
+
+    def encode(self, arch: Arch, kind: str = "ordinal") -> np.ndarray:
+        """Features for predictors: 'ordinal' (each knob's index scaled to [0, 1]) or 'onehot'."""
+        idx = self.to_indices(arch)
+        sizes = [len(v.choices) for v in self.variables()]
+        if kind == "ordinal":
+            return np.array([i / (n - 1) if n > 1 else 0.0 for i, n in zip(idx, sizes)])
+        if kind == "onehot":
+            return np.concatenate([np.eye(n)[i] for i, n in zip(idx, sizes)])
+        raise UsageError(f"unknown encoding '{kind}'; allowed: ordinal, onehot")
+
+    def size(self) -> int:
+        return int(np.prod([len(v.choices) for v in self.variables()], dtype=object))
+
+    def describe(self) -> dict:
+        return {"name": self.name, "description": self.description,
+                "size": self.size(),
+                "knobs": {v.name: list(v.choices) for v in self.variables()}}
+
+
+def _other_choice(v: Variable, current, rng: np.random.Generator):
+    others = [c for c in v.choices if c != current]
+    return others[int(rng.integers(len(others)))]
+
+
+def arch_key(arch: Arch) -> str:
+    """Canonical JSON of an architecture: a stable key and the `arch` column of trials.csv."""
+    return json.dumps(dict(arch), separators=(",", ":"))

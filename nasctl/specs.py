@@ -1,0 +1,53 @@
+"""Loading YAML specs with errors that name the file and the key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}:{where} is not valid YAML: {problem}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys at the top level")
+    return data
+
+
+def validation_message(err: Exception) -> str:
+    """The first problem of a pydantic ValidationError as 'key.path: message'."""
+    first = err.errors()[0]  # type: ignore[attr-defined]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    more = len(err.errors()) - 1  # type: ignore[attr-defined]
+    return f"{loc}: {msg}" + (f" (and {more} more)" if more else "")
+
+
+def build(path: Path, registry, what: str):
+    """Read the spec at `path` and build it with the class its `kind:` names in `registry`."""
+    from pydantic import ValidationError
+
+    data = read_yaml(path)
+    kind = data.get("kind")
+    if kind is None:
+        raise ConfigError(f"{path}: kind: missing; allowed: {', '.join(registry.names())}")
+    if kind not in registry:
+        raise ConfigError(f"{path}: kind: '{kind}' is not a {what} kind; allowed: {', '.join(registry.names())}")
+    data.setdefault("name", path.parent.name if path.name == "spec.yaml" else path.stem)
+    try:
+        return registry.get(kind).from_dict(data)
+    except ValidationError as e:
+        raise ConfigError(f"{path}: {validation_message(e)}") from None

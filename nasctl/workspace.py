@@ -1,0 +1,106 @@
+"""Where named data (search spaces, devices, predictors) and run folders live.
+
+Names resolve in this order: the workspace given by `--workspace` or
+`NASCTL_WORKSPACE`, the current project (the nearest folder upwards holding a
+`pyproject.toml` with a `[tool.nasctl]` table), then the copies packaged with nasctl.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UsageError
+
+DATA_FOLDERS = ("search_spaces", "hardware", "predictors")
+_PACKAGE = Path(__file__).resolve().parent
+_explicit: Path | None = None
+
+
+def set_workspace(path: Path | None) -> None:
+    """Called by the CLI for `--workspace`; None falls back to NASCTL_WORKSPACE."""
+    global _explicit
+    _explicit = path
+
+
+@dataclass(frozen=True)
+class Root:
+    origin: str  # "workspace", "project" or "packaged"
+    path: Path
+
+
+def _is_project(folder: Path) -> bool:
+    pyproject = folder / "pyproject.toml"
+    return pyproject.is_file() and "[tool.nasctl]" in pyproject.read_text(encoding="utf-8", errors="replace")
+
+
+def _packaged_root() -> Path:
+    data = _PACKAGE / "_data"  # a wheel carries the data folders here
+    return data if data.is_dir() else _PACKAGE.parent  # a source checkout holds them at its root
+
+
+def roots() -> list[Root]:
+    out: list[Root] = []
+    explicit = _explicit or (Path(os.environ["NASCTL_WORKSPACE"]) if os.environ.get("NASCTL_WORKSPACE") else None)
+    if explicit is not None:
+        if not explicit.is_dir():
+            raise UsageError(f"workspace '{explicit}' is not a folder")
+        out.append(Root("workspace", explicit.resolve()))
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if _is_project(folder):
+            out.append(Root("project", folder))
+            break
+    out.append(Root("packaged", _packaged_root()))
+    seen: set[Path] = set()
+    unique = []
+    for r in out:
+        if r.path not in seen:
+            seen.add(r.path)
+            unique.append(r)
+    return unique
+
+
+def runs_folder() -> Path:
+    """`runs/` of the workspace or project; `./runs` when only packaged data is in use."""
+    for r in roots():
+        if r.origin != "packaged":
+            return r.path / "runs"
+    return Path.cwd() / "runs"
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    path: Path
+    origin: str
+
+
+def entries(folder: str) -> list[Entry]:
+    """Every named entry of a data folder, first root winning; `NAME.yaml` or `NAME/spec.yaml`."""
+    found: dict[str, Entry] = {}
+    for r in roots():
+        base = r.path / folder
+        if not base.is_dir():
+            continue
+        for p in sorted(base.iterdir()):
+            if p.suffix in (".yaml", ".yml") and p.is_file():
+                found.setdefault(p.stem, Entry(p.stem, p, r.origin))
+            elif p.is_dir() and (p / "spec.yaml").is_file():
+                found.setdefault(p.name, Entry(p.name, p / "spec.yaml", r.origin))
+    return sorted(found.values(), key=lambda e: e.name)
+
+
+def find(folder: str, name: str, what: str) -> Path:
+    """Path of entry `name` (or `name` itself if it is a YAML file path)."""
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml"):
+        if not p.is_file():
+            raise UsageError(f"{what} file '{name}' does not exist")
+        return p
+    for e in entries(folder):
+        if e.name == name:
+            return e.path
+    known = ", ".join(e.name for e in entries(folder)) or "none"
+    raise UsageError(f"unknown {what} '{name}'; known: {known}")

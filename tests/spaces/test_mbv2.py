@@ -1,0 +1,119 @@
+import numpy as np
+import pytest
+import yaml
+
+from nasctl.errors import ConfigError, UsageError
+from nasctl.spaces.base import arch_key
+from nasctl.spaces.loader import load_space
+
+
+@pytest.fixture
+def space():
+    return load_space("ee-mbv2")
+
+
+def test_knobs_cover_stages_exits_and_bits(space):
+    names = [v.name for v in space.variables()]
+    for i in (1, 2, 3):
+        for knob in ("depth", "channels", "expand", "kernel"):
+            assert f"s{i}_{knob}" in names
+    assert {"exit_s1", "exit_s1_width", "exit_s2", "exit_s2_width"} <= set(names)
+    bits = {v.name: v.choices for v in space.variables()}
+    assert set(bits["backbone_bits"]) == {32, 8, 4} and set(bits["exit_bits"]) == {32, 8, 4}
+
+
+def test_sampling_is_valid_and_seeded(space):
+    a = [space.sample(np.random.default_rng(3)) for _ in range(2)]
+    assert a[0] == a[1]
+    archs = [space.sample(np.random.default_rng(s)) for s in range(50)]
+    for arch in archs:
+        assert space.validate(arch) == arch
+    assert len({arch_key(a) for a in archs}) > 40
+
+
+def test_mutation_changes_something_and_stays_valid(space):
+    rng = np.random.default_rng(0)
+    arch = space.sample(rng)
+    for _ in range(50):
+        child = space.mutate(arch, rng)
+        assert child != arch
+        space.validate(child)
+
+
+def test_encodings(space):
+    arch = space.sample(np.random.default_rng(1))
+    x = space.encode(arch)
+    assert x.shape == (len(space.variables()),) and x.min() >= 0 and x.max() <= 1
+    oh = space.encode(arch, "onehot")
+    assert oh.sum() == len(space.variables())
+    assert space.from_indices(space.to_indices(arch)) == arch
+
+
+def test_invalid_arch_names_knob_and_choices(space):
+    arch = space.sample(np.random.default_rng(1))
+    with pytest.raises(UsageError, match="backbone_bits.*16.*32, 8, 4"):
+        space.validate({**arch, "backbone_bits": 16})
+    with pytest.raises(UsageError, match="unknown knob"):
+        space.validate({**arch, "bogus": 1})
+
+
+def _arch(space, **over):
+    arch = space.sample(np.random.default_rng(0))
+    arch.update(over)
+    return space.validate(arch)
+
+
+def test_layers_chain_shapes_and_tag_exits(space):
+    arch = _arch(space, exit_s1=1, exit_s2=1, s2_depth=2, backbone_bits=8, exit_bits=4)
+    layers = space.to_layers(arch, (1, 8, 8), 10)
+    backbone_convs = [lay for lay in layers if lay.role == "backbone" and lay.op == "conv"]
+    for a, b in zip(backbone_convs, backbone_convs[1:]):
+        assert a.out_hw == b.in_hw and a.out_ch == b.in_ch
+    assert backbone_convs[0].in_ch == 1 and backbone_convs[0].w_bits == 8
+    exits = [lay for lay in layers if lay.role == "exit"]
+    assert {lay.segment for lay in exits} == {0, 1} and all(lay.w_bits == 4 for lay in exits)
+    assert layers[-1].op == "linear" and layers[-1].out_ch == 10 and layers[-1].segment == 2
+    assert [lay.segment for lay in layers] == sorted(lay.segment for lay in layers)
+    assert space.active_exits(arch) == ["s1", "s2", "final"]
+
+
+def test_disabled_exits_add_no_layers(space):
+    arch = _arch(space, exit_s1=0, exit_s2=0)
+    layers = space.to_layers(arch, (3, 32, 32), 10)
+    assert all(lay.role == "backbone" and lay.segment == 0 for lay in layers)
+    assert space.active_exits(arch) == ["final"]
+
+
+def test_deeper_stage_adds_macs(space):
+    small = space.to_layers(_arch(space, s3_depth=1), (1, 8, 8), 10)
+    large = space.to_layers(_arch(space, s3_depth=3), (1, 8, 8), 10)
+    assert sum(lay.macs for lay in large) > sum(lay.macs for lay in small)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["stages"][0].pop("channels"), r"stages\.0\.channels: Field required"),
+    (lambda d: d["stages"][1].update(depth=[0, 1]), r"stages\.1\.depth"),
+    (lambda d: d["quantization"].update(backbone_bits=[8, 3]), r"quantization\.backbone_bits"),
+    (lambda d: d.update(colour="red"), r"colour: unknown key"),
+    (lambda d: d["exits"].update(after_stages=[3]), r"after_stages"),
+    (lambda d: d.update(kind="nope"), r"kind: 'nope' is not a search-space kind; allowed: mbv2"),
+])
+def test_malformed_spec_names_key_path(root, tmp_path, edit, message):
+    data = yaml.safe_load((root / "search_spaces" / "ee-mbv2.yaml").read_text())
+    edit(data)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=message):
+        load_space(str(path))
+
+
+def test_broken_yaml_names_the_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\nstages: [1, 2\n")
+    with pytest.raises(ConfigError, match="broken.yaml: line 3 is not valid YAML"):
+        load_space(str(path))
+
+
+def test_unknown_space_lists_known():
+    with pytest.raises(UsageError, match="unknown search space 'nope'; known: .*ee-mbv2"):
+        load_space("nope")
