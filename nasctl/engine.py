@@ -44,7 +44,10 @@ def candidate_seed(seed: int, key: str) -> int:
 
 
 def run_search(cfg: SearchConfig, run_dir: Path | None = None,
+               on_start: Callable[[int], None] | None = None,
                on_trial: Callable[[dict, int], None] | None = None) -> SearchResult:
+    """Run a search; `on_start(budget)` is called once the inputs are checked and the run
+    folder exists, `on_trial(row, n_done)` after each evaluated candidate."""
     from .evaluation.datasets import load_dataset
     from .evaluation.train import TrainSettings, evaluate, resolve_train_device
 
@@ -100,6 +103,8 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None,
     trials: list[dict] = []
     seen: dict[str, dict] = {}
     stalled = 0
+    if on_start:
+        on_start(cfg.budget)
     try:
         while len(trials) < cfg.budget and stalled < _MAX_STALLED_ROUNDS:
             archs = [space.validate(a) for a in strategy.ask(cfg.budget - len(trials))]

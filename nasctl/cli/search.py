@@ -46,8 +46,8 @@ def search(
                       objectives=objectives.split(",") if objectives else None, budget=budget,
                       epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, train_device=train_device,
                       max_latency_ms=max_latency_ms, max_energy_mj=max_energy_mj, max_params=max_params)
-    with _Progress(cfg.budget) as progress:
-        result = run_search(cfg, run_dir, on_trial=progress.update)
+    with _Progress() as progress:
+        result = run_search(cfg, run_dir, on_start=progress.start, on_trial=progress.update)
     if as_json:
         return print_json({"run_dir": str(result.run_dir), "front": result.front,
                            "objectives": cfg.objectives,
@@ -60,21 +60,25 @@ def search(
 
 
 class _Progress:
-    """A rich progress bar on stderr, one step per evaluated candidate."""
+    """A rich progress bar on stderr (terminals only), one step per evaluated candidate."""
 
-    def __init__(self, total: int):
+    def __init__(self):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._progress = Progress(TextColumn("searching"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), TextColumn("{task.description}"), console=err)
-        self._task = self._progress.add_task("", total=total)
+                                  TimeElapsedColumn(), TextColumn("{task.description}"), console=err,
+                                  disable=not err.is_terminal)
+        self._task = None
 
     def __enter__(self):
-        self._progress.start()
         return self
 
     def __exit__(self, *exc):
         self._progress.stop()
+
+    def start(self, total: int) -> None:
+        self._task = self._progress.add_task("", total=total)
+        self._progress.start()
 
     def update(self, row: dict, done: int) -> None:
         edp = "n/a" if row["edp"] is None else f"{row['edp']:.3g}"

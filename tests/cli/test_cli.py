@@ -1,0 +1,72 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from nasctl import __version__
+from nasctl.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_version():
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.stdout.strip() == f"nasctl {__version__}"
+
+
+@pytest.mark.parametrize("args", [[], ["search"], ["space"], ["space", "show"], ["hw"], ["hw", "show"]])
+def test_help_everywhere(args):
+    result = invoke(*args, "--help")
+    assert result.exit_code == 0 and "Usage" in result.stdout
+
+
+def test_cli_import_keeps_heavy_libraries_out():
+    code = "import sys, nasctl.cli; print(sorted(m for m in ('torch', 'pymoo', 'optuna', 'pandas', 'sklearn') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_space_list_and_show():
+    listed = json.loads(invoke("space", "list", "--json").stdout)
+    assert {"name": "ee-mbv2"}.items() <= listed[0].items()
+    assert listed[0]["origin"] == "packaged"
+    shown = json.loads(invoke("space", "show", "ee-mbv2", "--json").stdout)
+    assert shown["knobs"]["backbone_bits"] == [32, 8, 4]
+    assert invoke("space", "show", "ee-mbv2").exit_code == 0
+
+
+def test_hw_list_and_show():
+    listed = json.loads(invoke("hw", "list", "--json").stdout)
+    assert "edge-quad" in [e["name"] for e in listed]
+    result = invoke("hw", "show", "edge-quad", "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["name"] == "edge-quad"
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["search", "--strategy", "foo"], 2, "unknown strategy 'foo'; allowed: nsga2, random"),
+    (["search", "--space", "nope"], 2, "unknown search space 'nope'"),
+    (["search", "--device", "nope"], 2, "unknown device 'nope'"),
+    (["search", "--dataset", "nope"], 2, "nope"),
+    (["search", "--budget", "0"], 2, "budget"),
+    (["search", "--train-device", "gpu"], 2, "train_device"),
+    (["search", "--objectives", "accuracy,speed"], 2, "unknown objective 'speed'"),
+    (["search", "--budgett", "3"], 2, "No such option: --budgett"),
+    (["search", "--budget", "many"], 2, "Invalid value for '--budget'"),
+    (["hw", "show", "nope"], 2, "unknown device 'nope'; known: edge-quad"),
+    (["space", "show", "nope"], 2, "unknown search space 'nope'; known: ee-mbv2"),
+    (["--workspace", "/no/such/folder", "space", "list"], 2, "workspace '/no/such/folder' is not a folder"),
+])
+def test_user_errors_are_one_line(args, code, message):
+    result = invoke(*args)
+    assert result.exit_code == code, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+    assert "Traceback" not in result.stderr
