@@ -143,6 +143,7 @@ def _front(trials: list[dict], objectives: list[str]) -> list[dict]:
     feasible = [t for t in trials if t["feasible"]]
     if not feasible:
         return []
-    mask = pareto_mask(minimisation_matrix(feasible, objectives))
-    front = [t for t, m in zip(feasible, mask) if m]
-    return sorted(front, key=lambda t: tuple(t[o] for o in objectives))
+    F = minimisation_matrix(feasible, objectives)
+    mask = pareto_mask(F)
+    order = sorted(range(len(feasible)), key=lambda i: tuple(F[i]))
+    return [feasible[i] for i in order if mask[i]]

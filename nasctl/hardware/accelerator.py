@@ -47,9 +47,11 @@ from pydantic import (BaseModel, ConfigDict, NonNegativeFloat, PositiveFloat, Po
                       field_validator)
 
 from .base import CostModel, LayerCost
-from .layers import MAC_OPS, OPS, LayerSpec
+from .layers import MAC_OPS, LayerSpec
 
 BitTable = dict[PositiveInt, PositiveFloat]
+# The op kinds this model prices; others are reported as unsupported.
+_PRICED = frozenset({"conv", "linear", "pool", "add"})
 
 
 class _Strict(BaseModel):
@@ -153,7 +155,7 @@ class AnalyticalAccelerator(CostModel):
 
     def alternatives(self, layer: LayerSpec) -> list[LayerCost]:
         """The layer's cost under every mapping onto the cores; empty if it cannot be priced."""
-        if layer.op not in OPS or self._width(layer) is None:
+        if layer.op not in _PRICED or self._width(layer) is None:
             return []
         options = [self._mapped(layer, 1, "")]
         for n in range(2, self.spec.cores + 1):

@@ -7,14 +7,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Op kinds a cost model may be asked to price.
-#   conv    - 2-D convolution (groups == in_ch for depthwise); batch-norm and the
-#             activation that follows are fused into it, as runtimes do.
-#   linear  - fully connected layer (in_hw == out_hw == (1, 1)).
-#   pool    - pooling (global average pooling when out_hw == (1, 1)).
-#   add     - element-wise sum of two tensors of the output shape (residuals).
-MAC_OPS = frozenset({"conv", "linear"})
-OPS = MAC_OPS | {"pool", "add"}
+# Op kinds a cost model may be asked to price.  Tensors are described as channels x
+# (height, width); a sequence of T tokens of width C is C x (T, 1).
+#   conv      2-D convolution (groups == in_ch for depthwise); batch-norm and the
+#             activation that follows (`fn`) are fused into it, as runtimes do.
+#   conv_transpose  transposed convolution (in_hw -> larger out_hw).
+#   linear    fully connected layer with weights, applied at each of the out_hw positions.
+#   matmul    product of two activations (attention): out_hw positions x in_ch (the
+#             reduced dimension) x out_ch; no weights.
+#   pool      pooling, `fn` "max" or "avg" (global when out_hw == (1, 1)).
+#   add, mul  element-wise binary ops on tensors of the output shape.
+#   act       a stand-alone activation, `fn` names it (relu, sigmoid, gelu, ...).
+#   softmax, norm (layer/instance normalisation), resize, concat, split
+#   data      data movement only: reshape, transpose, flatten, squeeze, ...
+MAC_OPS = frozenset({"conv", "conv_transpose", "linear", "matmul"})
+OPS = MAC_OPS | {"pool", "add", "mul", "act", "softmax", "norm", "resize", "concat", "split", "data"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +42,7 @@ class LayerSpec:
     # layer whose segment is <= k.
     segment: int = 0
     role: str = "backbone"
+    fn: str = ""  # sub-kind: the fused or stand-alone activation, the pooling mode
     name: str = field(default="", compare=False)
 
     @property
@@ -43,14 +51,17 @@ class LayerSpec:
         if self.op == "conv":
             kh, kw = self.kernel
             return self.out_hw[0] * self.out_hw[1] * self.out_ch * (self.in_ch // self.groups) * kh * kw
-        if self.op == "linear":
-            return self.in_ch * self.out_ch
+        if self.op == "conv_transpose":
+            kh, kw = self.kernel
+            return self.in_hw[0] * self.in_hw[1] * self.in_ch * (self.out_ch // self.groups) * kh * kw
+        if self.op in ("linear", "matmul"):
+            return self.out_hw[0] * self.out_hw[1] * self.in_ch * self.out_ch
         return 0
 
     @property
     def params(self) -> int:
         """Weights and biases (batch-norm folded into the conv bias)."""
-        if self.op == "conv":
+        if self.op in ("conv", "conv_transpose"):
             kh, kw = self.kernel
             return self.out_ch * (self.in_ch // self.groups) * kh * kw + self.out_ch
         if self.op == "linear":
@@ -64,7 +75,7 @@ class LayerSpec:
     @property
     def in_elems(self) -> int:
         n = self.in_ch * self.in_hw[0] * self.in_hw[1]
-        return 2 * n if self.op == "add" else n
+        return 2 * n if self.op in ("add", "mul") else n
 
     @property
     def out_elems(self) -> int:
@@ -81,4 +92,4 @@ class LayerSpec:
     def shape_key(self) -> tuple:
         """What determines this layer's cost (everything but its place in the network)."""
         return (self.op, self.in_ch, self.out_ch, self.in_hw, self.out_hw, self.kernel,
-                self.stride, self.groups, self.w_bits, self.a_bits)
+                self.stride, self.groups, self.w_bits, self.a_bits, self.fn)

@@ -1,0 +1,92 @@
+"""End-to-end searches on tiny budgets, through the CLI as a user runs them."""
+
+import csv
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from nasctl.cli import app
+from nasctl.objectives import minimisation_matrix, pareto_mask
+
+runner = CliRunner()
+TINY = ["--budget", "4", "--epochs", "1"]
+
+
+def search(*args):
+    return runner.invoke(app, ["search", *args])
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_tiny_search_writes_run_folder_and_front(tmp_path):
+    run = tmp_path / "run"
+    result = search(*TINY, "--seed", "3", "--run-dir", str(run), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)  # stdout holds the JSON document and nothing else
+    assert doc["run_dir"] == str(run)
+    assert doc["timings"]["trials"] == 4
+
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["space"] == "ee-mbv2" and config["device"] == "edge-quad" and config["seed"] == 3
+    assert config["resolved"]["dataset"]["input_shape"] == [1, 8, 8]
+
+    trials = read_csv(run / "trials.csv")
+    assert len(trials) == 4
+    assert list(trials[0])[:8] == ["trial", "arch", "accuracy", "latency_ms", "energy_mj", "edp", "params", "macs"]
+    for t in trials:
+        json.loads(t["arch"])
+        rates = [float(v) for k, v in t.items() if k.startswith("exit_rate_")]
+        assert abs(sum(rates) - 1) < 1e-6
+        assert 0 <= float(t["accuracy"]) <= 100
+        assert float(t["edp"]) == pytest.approx(float(t["latency_ms"]) * float(t["energy_mj"]), rel=1e-4)
+
+    front = read_csv(run / "pareto.csv")
+    assert front and len(front) == len(doc["front"])
+    F = minimisation_matrix([{k: float(r[k]) for k in ("accuracy", "edp")} for r in front], ["accuracy", "edp"])
+    assert pareto_mask(F).all()
+    # every trial off the front is dominated by a front point
+    front_archs = {r["arch"] for r in front}
+    all_F = minimisation_matrix([{k: float(r[k]) for k in ("accuracy", "edp")} for r in trials], ["accuracy", "edp"])
+    on_front = pareto_mask(all_F)
+    assert {t["arch"] for t, m in zip(trials, on_front) if m} == front_archs
+
+
+def test_same_seed_same_trials(tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        result = search("--budget", "6", "--epochs", "1", "--seed", "7", "--run-dir", str(tmp_path / name))
+        assert result.exit_code == 0, result.output
+        rows = read_csv(tmp_path / name / "trials.csv")
+        runs.append([{k: v for k, v in r.items() if k != "train_s"} for r in rows])
+    assert runs[0] == runs[1]
+
+
+def test_infeasible_constraint_fails_clearly_and_keeps_trials(tmp_path):
+    run = tmp_path / "run"
+    result = search(*TINY, "--max-latency-ms", "1e-9", "--run-dir", str(run))
+    assert result.exit_code == 1
+    line = result.stderr.strip()
+    assert line.startswith("error: no evaluated candidate meets latency_ms <= 1e-09") and "\n" not in line
+    assert len(read_csv(run / "trials.csv")) == 4
+
+
+def test_constraint_shapes_the_front(tmp_path):
+    run = tmp_path / "run"
+    result = search(*TINY, "--max-params", "40000", "--run-dir", str(run), "--json")
+    if result.exit_code == 0:
+        front = json.loads(result.stdout)["front"]
+        assert all(r["params"] <= 40000 for r in front)
+    trials = read_csv(run / "trials.csv")
+    assert all((t["feasible"] == "true") == (int(t["params"]) <= 40000) for t in trials)
+
+
+def test_existing_run_folder_is_refused(tmp_path):
+    run = tmp_path / "run"
+    assert search(*TINY, "--run-dir", str(run)).exit_code == 0
+    result = search(*TINY, "--run-dir", str(run))
+    assert result.exit_code == 2 and "already holds a run" in result.stderr
