@@ -20,9 +20,9 @@ class SearchConfig(BaseModel):
     strategy: str = "nsga2"
     objectives: list[str] = ["accuracy", "edp"]
     budget: int = Field(default=30, ge=1)
-    epochs: int = Field(default=8, ge=1)
+    epochs: int = Field(default=5, ge=1)
     batch_size: int = Field(default=64, ge=1)
-    lr: float = Field(default=0.01, gt=0)
+    lr: float = Field(default=5e-3, gt=0)
     exit_tolerance: float = Field(default=1.0, ge=0)
     seed: int = Field(default=0, ge=0)
     train_device: Literal["auto", "cpu", "cuda"] = "auto"

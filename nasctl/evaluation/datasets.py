@@ -1,0 +1,231 @@
+"""Datasets for proxy training: a built-in one and the common on-disk formats.
+
+`load_dataset(spec, seed)` accepts
+  - `digits`: scikit-learn's bundled 8×8 handwritten digits (1 channel, 10 classes),
+    pixels scaled to [0, 1];
+  - a CIFAR-10 python-batches folder (`data_batch_1` … `data_batch_5`, `test_batch`,
+    as unpacked from cifar-10-python.tar.gz);
+  - an `.npz` file with `x_train`, `y_train`, `x_test`, `y_test`; images N×H×W
+    (grayscale), N×C×H×W or N×H×W×C (channels: whichever of axis 1 and axis 3 is
+    shorter, axis 1 on a tie); labels 0 … K-1;
+  - an image folder, `root/train/<class>/*` and `root/test/<class>/*`, or `root/<class>/*`
+    (needs Pillow); classes are the sorted folder names.
+CIFAR, npz and image-folder pixels are normalised per channel with the training split's
+mean and standard deviation.
+
+Splits are stratified and drawn from `seed`: where the source has no test split, 20 % of
+each class is held out as test; then 20 % of each class of what remains is validation.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UsageError
+
+BUILTIN = ("digits",)
+HOLDOUT = 0.2  # share of each class held out for test (when the source has none) and for validation
+CIFAR_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+@dataclass
+class Dataset:
+    """Images as float32 N×C×H×W, labels as int64 in 0 … classes-1."""
+
+    name: str
+    input_shape: tuple[int, int, int]
+    classes: int
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+def load_dataset(spec: str, seed: int) -> Dataset:
+    """The dataset named or pointed to by `spec`, split by `seed` (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    if spec == "digits":
+        return _digits(rng)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".npz":
+            raise UsageError(f"dataset file '{spec}' is not an .npz; allowed files: .npz with "
+                             f"{', '.join(NPZ_KEYS)}")
+        return _npz(path, rng)
+    if path.is_dir():
+        if any((path / f).exists() for f in CIFAR_FILES):
+            return _cifar(path, rng)
+        if any(p.is_dir() for p in path.iterdir()):
+            return _image_folder(path, rng)
+        raise UsageError(f"dataset folder '{spec}' is neither a CIFAR-10 python-batches folder "
+                         f"({', '.join(CIFAR_FILES)}) nor an image folder (train/<class>/*, "
+                         "test/<class>/* or <class>/*)")
+    raise UsageError(f"dataset '{spec}' is not a built-in ({', '.join(BUILTIN)}) nor an existing path")
+
+
+# -- sources ----------------------------------------------------------------------------
+def _digits(rng: np.random.Generator) -> Dataset:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = (d.images / 16.0).astype(np.float32)[:, None]
+    return _assemble("digits", x, d.target, None, None, rng, normalise=False)
+
+
+def _cifar(path: Path, rng: np.random.Generator) -> Dataset:
+    missing = [f for f in CIFAR_FILES if not (path / f).is_file()]
+    if missing:
+        raise UsageError(f"CIFAR-10 folder '{path}' lacks {', '.join(missing)}; "
+                         f"it needs {', '.join(CIFAR_FILES)}")
+
+    def batch(name: str) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            with open(path / name, "rb") as f:
+                d = _BatchUnpickler(f, encoding="bytes").load()
+            x, y = np.asarray(d[b"data"], dtype=np.uint8), np.asarray(d[b"labels"])
+        except (pickle.UnpicklingError, EOFError, ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"CIFAR-10 batch '{path / name}' is not a python batch with data and "
+                             f"labels entries ({e.__class__.__name__}: {e})") from None
+        if len(x) != len(y) or x.ndim != 2 or x.shape[1] != 3 * 32 * 32:
+            raise UsageError(f"CIFAR-10 batch '{path / name}' holds {x.shape} data for {len(y)} labels; "
+                             "allowed: N×3072 data and N labels")
+        return x.reshape(-1, 3, 32, 32), y
+
+    train = [batch(f) for f in CIFAR_FILES[:-1]]
+    x_test, y_test = batch("test_batch")
+    x_train = np.concatenate([x for x, _ in train])
+    y_train = np.concatenate([y for _, y in train])
+    return _assemble(path.name, x_train, y_train, x_test, y_test, rng, normalise=True)
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Reads the CIFAR python batches, pickles written by the dataset's authors (its only
+    format), allowing just the plain data they hold (dicts, lists, bytes, numpy arrays):
+    any other object a file asks for is refused, so a tampered file cannot run code."""
+
+    ALLOWED = {(m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray") for n in ("_reconstruct", "scalar")}
+    ALLOWED |= {(m, "_frombuffer") for m in ("numpy.core.numeric", "numpy._core.numeric")}
+    ALLOWED |= {("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _npz(path: Path, rng: np.random.Generator) -> Dataset:
+    try:
+        f = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"dataset file '{path}' is not a readable .npz ({e})") from None
+    with f:
+        missing = [k for k in NPZ_KEYS if k not in f.files]
+        if missing:
+            raise UsageError(f"dataset file '{path}' lacks {', '.join(missing)}; "
+                             f"it needs {', '.join(NPZ_KEYS)} (has {', '.join(f.files) or 'nothing'})")
+        arrays = {k: f[k] for k in NPZ_KEYS}
+    xs = []
+    for part in ("train", "test"):
+        x, y = arrays[f"x_{part}"], arrays[f"y_{part}"]
+        if len(x) != len(y):
+            raise UsageError(f"dataset file '{path}': x_{part} has {len(x)} images but y_{part} "
+                             f"{len(y)} labels; they must match")
+        xs.append(_to_nchw(x, f"{path}: x_{part}"))
+    if xs[0].shape[1:] != xs[1].shape[1:]:
+        raise UsageError(f"dataset file '{path}': train images are {xs[0].shape[1:]} (C, H, W) but "
+                         f"test images {xs[1].shape[1:]}; they must match")
+    return _assemble(path.stem, xs[0], arrays["y_train"], xs[1], arrays["y_test"], rng, normalise=True)
+
+
+def _to_nchw(x: np.ndarray, what: str) -> np.ndarray:
+    if x.ndim == 3:
+        return x[:, None]
+    if x.ndim == 4:
+        return x if x.shape[1] <= x.shape[3] else x.transpose(0, 3, 1, 2)
+    raise UsageError(f"{what} has shape {x.shape}; allowed: N×H×W, N×C×H×W or N×H×W×C")
+
+
+def _image_folder(path: Path, rng: np.random.Generator) -> Dataset:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise UsageError(f"reading the image folder '{path}' needs Pillow: pip install "nasctl[images]" (Pillow)") from None
+
+    def read(root: Path, classes: list[str] | None) -> tuple[list[str], np.ndarray, np.ndarray]:
+        found = sorted(p.name for p in root.iterdir() if p.is_dir())
+        if classes is not None and found != classes:
+            raise UsageError(f"image folder '{root}' has classes {found}; they must be the "
+                             f"training classes {classes}")
+        images, labels = [], []
+        for label, name in enumerate(found):
+            for f in sorted((root / name).iterdir()):
+                if f.suffix.lower() in IMAGE_SUFFIXES:
+                    with Image.open(f) as im:
+                        images.append(np.asarray(im.convert("L" if im.mode in ("1", "L") else "RGB")))
+                    labels.append(label)
+        if not images:
+            raise UsageError(f"image folder '{root}' holds no images ({', '.join(IMAGE_SUFFIXES)}) "
+                             "in its class folders")
+        if len({im.shape for im in images}) > 1:
+            raise UsageError(f"images under '{root}' differ in size or channels; they must all match")
+        return found, _to_nchw(np.stack(images), str(root)), np.array(labels)
+
+    if (path / "train").is_dir() and (path / "test").is_dir():
+        classes, x_train, y_train = read(path / "train", None)
+        _, x_test, y_test = read(path / "test", classes)
+        if x_train.shape[1:] != x_test.shape[1:]:
+            raise UsageError(f"image folder '{path}': train and test images differ in size; they must match")
+        return _assemble(path.name, x_train, y_train, x_test, y_test, rng, normalise=True)
+    _, x, y = read(path, None)
+    return _assemble(path.name, x, y, None, None, rng, normalise=True)
+
+
+# -- splitting and normalising ----------------------------------------------------------
+def _holdout(y: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (kept, held out), holding out round(HOLDOUT · n_c) of each class c, at random."""
+    kept, held = [], []
+    for c in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        n = int(round(HOLDOUT * len(idx)))
+        held.append(idx[:n])
+        kept.append(idx[n:])
+    return np.sort(np.concatenate(kept)), np.sort(np.concatenate(held))
+
+
+def _assemble(name, x, y, x_test, y_test, rng, *, normalise: bool) -> Dataset:
+    y = np.asarray(y).reshape(-1)
+    if len(y) == 0:
+        raise UsageError(f"dataset '{name}' has no training images")
+    if x_test is None:
+        kept, held = _holdout(y, rng)
+        x, y, x_test, y_test = x[kept], y[kept], x[held], y[held]
+    y_test = np.asarray(y_test).reshape(-1)
+    labels = np.concatenate([y, y_test])
+    if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0:
+        raise UsageError(f"dataset '{name}' has labels that are not class indices (dtype {labels.dtype}); "
+                         "allowed: integers 0 … K-1")
+    train, val = _holdout(y, rng)
+    if min(len(train), len(val), len(y_test)) == 0:
+        raise UsageError(f"dataset '{name}' is too small to split: {len(train)} training, {len(val)} "
+                         f"validation and {len(y_test)} test images; each split needs at least one")
+    x_train, x_val, x_test = (np.array(a, dtype=np.float32) for a in (x[train], x[val], x_test))
+    if normalise:
+        mean = x_train.mean(axis=(0, 2, 3), keepdims=True)
+        std = x_train.std(axis=(0, 2, 3), keepdims=True) + 1e-6
+        for a in (x_train, x_val, x_test):
+            a -= mean
+            a /= std
+    return Dataset(name=name, input_shape=tuple(int(s) for s in x_train.shape[1:]),
+                   classes=int(labels.max()) + 1,
+                   x_train=x_train, y_train=y[train].astype(np.int64),
+                   x_val=x_val, y_val=y[val].astype(np.int64),
+                   x_test=x_test, y_test=y_test.astype(np.int64))
+
