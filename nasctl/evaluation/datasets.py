@@ -157,7 +157,7 @@ def _image_folder(path: Path, rng: np.random.Generator) -> Dataset:
     try:
         from PIL import Image
     except ImportError:
-        raise UsageError(f"reading the image folder '{path}' needs Pillow: pip install "nasctl[images]" (Pillow)") from None
+        raise UsageError(f"reading the image folder '{path}' needs Pillow: pip install 'nasctl[images]'") from None
 
     def read(root: Path, classes: list[str] | None) -> tuple[list[str], np.ndarray, np.ndarray]:
         found = sorted(p.name for p in root.iterdir() if p.is_dir())

@@ -8,6 +8,8 @@ from .base import CostModel
 
 DEVICE_KINDS = Registry("device kind")
 DEVICE_KINDS.register("analytical", "nasctl.hardware.accelerator:AnalyticalAccelerator")
+DEVICE_KINDS.register("gpu", "nasctl.hardware.gpu:GpuRoofline")
+DEVICE_KINDS.register("lut", "nasctl.hardware.lut:LutDevice")
 
 
 def load_device(name: str) -> CostModel:
