@@ -19,7 +19,7 @@ class SearchConfig(BaseModel):
     dataset: str = "digits"
     strategy: str = "nsga2"
     objectives: list[str] = ["accuracy", "edp"]
-    budget: int = Field(default=30, ge=1)
+    budget: int = Field(default=40, ge=1)
     epochs: int = Field(default=5, ge=1)
     batch_size: int = Field(default=64, ge=1)
     lr: float = Field(default=5e-3, gt=0)

@@ -88,11 +88,11 @@ class _Progress:
 
 def _front_table(front: list[dict], objectives: list[str]) -> Table:
     table = Table(title=f"Pareto front ({', '.join(objectives)})")
-    for col in ("trial", "acc %", "latency µs", "energy µJ", "EDP µJ·µs", "params", "bits b/e", "exits taken"):
+    for col in ("trial", "acc %", "lat µs", "E µJ", "EDP µJ·µs", "params", "bits b/e", "exits taken"):
         table.add_column(col, justify="left" if col == "exits taken" else "right")
     for row in front:
         arch = json.loads(row["arch"])
-        rates = " ".join(f"{k.removeprefix('exit_rate_')} {v:.0%}" for k, v in row.items()
+        rates = " ".join(f"{k.removeprefix('exit_rate_')}:{v:.0%}" for k, v in row.items()
                          if k.startswith("exit_rate_") and v > 0)
         table.add_row(str(row["trial"]), f"{row['accuracy']:.1f}", f"{row['latency_ms'] * 1e3:.3g}",
                       "n/a" if row["energy_mj"] is None else f"{row['energy_mj'] * 1e3:.3g}",
