@@ -53,6 +53,24 @@ class SearchSpace(ABC):
         """Names of the exits `arch` has, final classifier last."""
         return ["final"]
 
+    def path_costs(self, device, archs: Sequence[Arch], input_shape: tuple[int, int, int],
+                   classes: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Latency and energy of reaching each exit of `exit_names()` for a batch of
+        architectures: arrays of shape (len(archs), len(exit_names())), NaN where an
+        architecture lacks that exit; energy is None on latency-only devices.  Spaces
+        may override this with a vectorised version that gives the same numbers."""
+        names = self.exit_names()
+        lat = np.full((len(archs), len(names)), np.nan)
+        en = np.full_like(lat, np.nan) if device.models_energy else None
+        for i, arch in enumerate(archs):
+            report = device.estimate(self.to_layers(arch, input_shape, classes))
+            cols = [names.index(e) for e in self.active_exits(arch)]
+            path_lat, path_en = report.exit_path_costs()
+            lat[i, cols] = path_lat
+            if en is not None:
+                en[i, cols] = path_en
+        return lat, en
+
     # -- generic operations over the variables -------------------------------------
     def validate(self, arch: Arch) -> dict:
         names = [v.name for v in self.variables()]
@@ -68,6 +86,16 @@ class SearchSpace(ABC):
             v.index(arch[v.name])
             out[v.name] = arch[v.name]
         return out
+
+    def parse_arch(self, text: str) -> dict:
+        """An architecture from its text form: JSON knob values, as in trials.csv's `arch` column."""
+        try:
+            arch = json.loads(text)
+        except ValueError:
+            arch = None
+        if not isinstance(arch, dict):
+            raise UsageError(f"architecture '{text}' is not a JSON object of knob values of space '{self.name}'")
+        return self.validate(arch)
 
     def sample(self, rng: np.random.Generator) -> dict:
         return {v.name: v.choices[int(rng.integers(len(v.choices)))] for v in self.variables()}

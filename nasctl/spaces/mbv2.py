@@ -7,7 +7,10 @@ and of the exit heads.  A list in the spec is a knob; a scalar is fixed.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Union
+
+import numpy as np
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -45,6 +48,13 @@ class StageSpec(_Strict):
         values = _choices(v)
         if not values or any(x <= 0 for x in values):
             raise ValueError("must be a positive integer or a non-empty list of them")
+        return v
+
+    @field_validator("kernel")
+    @classmethod
+    def _odd(cls, v: Choice) -> Choice:
+        if any(k % 2 == 0 for k in _choices(v)):
+            raise ValueError("kernel sizes must be odd (3, 5, 7, ...)")
         return v
 
 
@@ -109,6 +119,7 @@ class Mbv2Space(SearchSpace):
         vs.append(Variable("backbone_bits", _choices(spec.quantization.backbone_bits)))
         vs.append(Variable("exit_bits", _choices(spec.quantization.exit_bits)))
         self._variables = tuple(vs)
+        self._tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # device -> cost tables
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Mbv2Space":
@@ -154,45 +165,137 @@ class Mbv2Space(SearchSpace):
         ch, h, w = input_shape
         layers: list[LayerSpec] = []
         segment = 0
-
-        def conv(cin, cout, k, s, groups, bits, role="backbone", name=""):
-            nonlocal h, w
-            p = k // 2
-            oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
-            layers.append(LayerSpec("conv", cin, cout, (h, w), (oh, ow), (k, k), s, groups,
-                                    bits, bits, segment, role, name))
-            h, w = oh, ow
-
-        def classifier(cin, width, bits, role, name):
-            nonlocal h, w
-            saved = (h, w)
-            conv(cin, width, 1, 1, 1, bits, role, f"{name}.conv")
-            layers.append(LayerSpec("pool", width, width, (h, w), (1, 1), (h, w), 1, 1,
-                                    bits, bits, segment, role, f"{name}.pool"))
-            layers.append(LayerSpec("linear", width, classes, (1, 1), (1, 1), (1, 1), 1, 1,
-                                    bits, bits, segment, role, f"{name}.fc"))
-            h, w = saved
-
-        for n, b in enumerate(self.plan(arch)):
-            if b["type"] == "stem":
-                conv(ch, b["out"], b["kernel"], b["stride"], 1, b["bits"], name="stem")
-            elif b["type"] == "mbconv":
-                hid = b["in"] * b["expand"]
-                if b["expand"] != 1:
-                    conv(b["in"], hid, 1, 1, 1, b["bits"], name=f"b{n}.expand")
-                conv(hid, hid, b["kernel"], b["stride"], hid, b["bits"], name=f"b{n}.dw")
-                conv(hid, b["out"], 1, 1, 1, b["bits"], name=f"b{n}.project")
-                if b["stride"] == 1 and b["in"] == b["out"]:
-                    layers.append(LayerSpec("add", b["out"], b["out"], (h, w), (h, w), (1, 1), 1, 1,
-                                            b["bits"], b["bits"], segment, "backbone", f"b{n}.add"))
-            elif b["type"] == "exit":
-                classifier(b["in"], b["width"], b["bits"], "exit", f"exit_{b['name']}")
-                segment += 1
-            else:
-                classifier(b["in"], b["width"], b["bits"], "backbone", "head")
+        for n, block in enumerate(self.plan(arch)):
+            new, h, w = _block_layers(block, ch, h, w, classes, segment, f"b{n}")
+            layers += new
+            ch = block.get("out", ch)
+            segment += block["type"] == "exit"
         return layers
+
+    def path_costs(self, device, archs, input_shape, classes):
+        """Vectorised over the batch (`archs`: architectures, or a matrix of knob indices as
+        `to_indices` gives): each stage's cost is looked up in a table over the knobs it depends on (the previous stage's width and its own knobs), built once per
+        device and input shape from the device's per-layer prices."""
+        X = archs if isinstance(archs, np.ndarray) else np.array(
+            [self.to_indices(a) for a in archs], dtype=np.int64).reshape(len(archs), -1)
+        t = self._cost_tables(device, tuple(input_shape), classes)
+        col = {v.name: i for i, v in enumerate(self._variables)}
+        bits = X[:, col["backbone_bits"]]
+        exit_bits = X[:, col["exit_bits"]]
+        total = t["stem"][:, bits]                         # (2, n): latency, energy
+        reach: dict[str, np.ndarray] = {}
+        prev = np.zeros(len(X), dtype=np.int64)
+        for i in range(1, len(self.spec.stages) + 1):
+            knobs = [X[:, col[f"s{i}_{k}"]] for k in ("channels", "expand", "kernel", "depth")]
+            total = total + t[f"s{i}"][:, prev, *knobs, bits]
+            prev = knobs[0]
+            if i in self.spec.exits.after_stages:
+                active = X[:, col[f"exit_s{i}"]] == 1
+                head = t[f"exit_s{i}"][:, prev, X[:, col[f"exit_s{i}_width"]], exit_bits]
+                total = total + np.where(active, head, 0.0)
+                reach[f"s{i}"] = np.where(active, total, np.nan)
+        reach["final"] = total + t["head"][:, prev, bits]
+        out = np.stack([reach[e] for e in self.exit_names()], axis=-1)  # (2, n, exits)
+        return out[0], (out[1] if device.models_energy else None)
+
+    def _cost_tables(self, device, input_shape, classes) -> dict[str, np.ndarray]:
+        per_device = self._tables.setdefault(device, {})
+        if (input_shape, classes) not in per_device:
+            per_device[input_shape, classes] = self._build_cost_tables(device, input_shape, classes)
+        return per_device[input_shape, classes]
+
+    def _build_cost_tables(self, device, input_shape, classes) -> dict[str, np.ndarray]:
+        ch, h, w = input_shape
+        var = {v.name: v.choices for v in self._variables}
+        bb = var["backbone_bits"]
+
+        def price(blocks, cin, h, w):
+            layers = []
+            for block in blocks:
+                new, h, w = _block_layers(block, cin, h, w, classes, 0, "")
+                layers += new
+                cin = block.get("out", cin)
+            report = device.estimate(layers)
+            return report.latency_ms, report.energy_mj or 0.0
+
+        stem = self.spec.stem
+        stem_block = {"type": "stem", "out": stem.channels, "kernel": stem.kernel, "stride": stem.stride}
+        tables = {"stem": np.array([price([{**stem_block, "bits": b}], ch, h, w) for b in bb]).T}
+        h, w = _conv_out(h, w, stem.kernel, stem.stride)
+        prev_choices: tuple[int, ...] = (stem.channels,)
+        for i, st in enumerate(self.spec.stages, 1):
+            cs, es, ks, ds = (var[f"s{i}_{k}"] for k in ("channels", "expand", "kernel", "depth"))
+            table = np.zeros((2, len(prev_choices), len(cs), len(es), len(ks), len(ds), len(bb)))
+            for idx in np.ndindex(table.shape[1:]):
+                p, c, e, k, d, b = (choices[j] for choices, j in zip(
+                    (prev_choices, cs, es, ks, ds, bb), idx))
+                blocks = [{"type": "mbconv", "in": p if n == 0 else c, "out": c, "expand": e, "kernel": k,
+                           "stride": st.stride if n == 0 else 1, "bits": b} for n in range(d)]
+                table[(slice(None), *idx)] = price(blocks, p, h, w)
+            tables[f"s{i}"] = table
+            h, w = _conv_out(h, w, 3, st.stride)  # kernels are odd: the size depends on the stride only
+            if i in self.spec.exits.after_stages:
+                ws, ebs = var[f"exit_s{i}_width"], var["exit_bits"]
+                tables[f"exit_s{i}"] = np.zeros((2, len(cs), len(ws), len(ebs)))
+                for idx in np.ndindex(len(cs), len(ws), len(ebs)):
+                    c, wd, eb = cs[idx[0]], ws[idx[1]], ebs[idx[2]]
+                    tables[f"exit_s{i}"][(slice(None), *idx)] = price(
+                        [{"type": "exit", "name": "", "in": c, "width": wd, "bits": eb}], c, h, w)
+            prev_choices = cs
+        head = self.spec.head.channels
+        tables["head"] = np.zeros((2, len(prev_choices), len(bb)))
+        for idx in np.ndindex(len(prev_choices), len(bb)):
+            c, b = prev_choices[idx[0]], bb[idx[1]]
+            tables["head"][(slice(None), *idx)] = price([{"type": "head", "in": c, "width": head, "bits": b}], c, h, w)
+        return tables
 
     def build(self, arch: Arch, input_shape: tuple[int, int, int], classes: int):
         from .mbv2_torch import build_mbv2
 
         return build_mbv2(self.plan(arch), input_shape, classes)
+
+
+def _conv_out(h: int, w: int, k: int, s: int) -> tuple[int, int]:
+    p = k // 2
+    return (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+
+
+def _block_layers(block: dict, cin: int, h: int, w: int, classes: int, segment: int,
+                  prefix: str) -> tuple[list[LayerSpec], int, int]:
+    """The layers of one plan block on an input of `cin` x (h, w), and the output size."""
+    layers: list[LayerSpec] = []
+    bits = block["bits"]
+
+    def conv(ci, co, k, s, groups, role="backbone", name=""):
+        nonlocal h, w
+        oh, ow = _conv_out(h, w, k, s)
+        layers.append(LayerSpec("conv", ci, co, (h, w), (oh, ow), (k, k), s, groups,
+                                bits, bits, segment, role, name))
+        h, w = oh, ow
+
+    def classifier(width, role, name):
+        conv(cin, width, 1, 1, 1, role, f"{name}.conv")
+        layers.append(LayerSpec("pool", width, width, (h, w), (1, 1), (h, w), 1, 1,
+                                bits, bits, segment, role, f"{name}.pool"))
+        layers.append(LayerSpec("linear", width, classes, (1, 1), (1, 1), (1, 1), 1, 1,
+                                bits, bits, segment, role, f"{name}.fc"))
+
+    kind = block["type"]
+    if kind == "stem":
+        conv(cin, block["out"], block["kernel"], block["stride"], 1, name="stem")
+    elif kind == "mbconv":
+        hid = block["in"] * block["expand"]
+        if block["expand"] != 1:
+            conv(block["in"], hid, 1, 1, 1, name=f"{prefix}.expand")
+        conv(hid, hid, block["kernel"], block["stride"], hid, name=f"{prefix}.dw")
+        conv(hid, block["out"], 1, 1, 1, name=f"{prefix}.project")
+        if block["stride"] == 1 and block["in"] == block["out"]:
+            layers.append(LayerSpec("add", block["out"], block["out"], (h, w), (h, w), (1, 1), 1, 1,
+                                    bits, bits, segment, "backbone", f"{prefix}.add"))
+    elif kind == "exit":
+        saved = h, w
+        classifier(block["width"], "exit", f"exit_{block['name']}")
+        h, w = saved
+    else:
+        classifier(block["width"], "backbone", "head")
+    return layers, h, w

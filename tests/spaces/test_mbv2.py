@@ -117,3 +117,24 @@ def test_broken_yaml_names_the_line(tmp_path):
 def test_unknown_space_lists_known():
     with pytest.raises(UsageError, match="unknown search space 'nope'; known: .*ee-mbv2"):
         load_space("nope")
+
+
+@pytest.mark.parametrize("input_shape", [(1, 8, 8), (3, 32, 32)])
+def test_vectorised_path_costs_match_layer_by_layer_pricing(space, input_shape):
+    from nasctl.hardware.loader import load_device
+    from nasctl.spaces.base import SearchSpace
+
+    device = load_device("edge-quad")
+    archs = [space.sample(np.random.default_rng(s)) for s in range(300)]
+    lat, en = space.path_costs(device, archs, input_shape, 10)
+    ref_lat, ref_en = SearchSpace.path_costs(space, device, archs, input_shape, 10)
+    assert lat.shape == (300, 3)
+    np.testing.assert_allclose(lat, ref_lat, rtol=1e-9)
+    np.testing.assert_allclose(en, ref_en, rtol=1e-9)
+    assert np.isnan(lat[:, 0]).any() and not np.isnan(lat[:, -1]).any()
+    # the same from a matrix of knob indices
+    X = np.array([space.to_indices(a) for a in archs])
+    np.testing.assert_allclose(space.path_costs(device, X, input_shape, 10)[0], lat)
+    # the final exit costs the whole network
+    report = device.estimate(space.to_layers(archs[0], input_shape, 10))
+    assert lat[0, -1] == pytest.approx(report.latency_ms)
