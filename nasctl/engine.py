@@ -15,7 +15,7 @@ from typing import Callable
 
 from . import workspace
 from .config import SearchConfig
-from .errors import UsageError, WorkFailed
+from .errors import Interrupted, UsageError, WorkFailed
 from .hardware.base import expected_cost
 from .hardware.loader import load_device
 from .objectives import CONSTRAINT_METRICS, Constraint, minimisation_matrix, pareto_mask
@@ -125,6 +125,9 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None,
             strategy.tell(told, minimisation_matrix(rows, cfg.objectives),
                           [[c.violation(r) for c in constraints] for r in rows])
             stalled = stalled + 1 if len(trials) == before else 0
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted after {len(trials)} of {cfg.budget} trials; they are kept in "
+                          f"{store.trials_path}") from None
     finally:
         front = _front(trials, cfg.objectives)
         store.write_pareto(front)

@@ -24,3 +24,9 @@ class ConfigError(UsageError):
 
 class WorkFailed(NasctlError):
     """The work ran but could not produce the requested result (exit code 1)."""
+
+
+class Interrupted(NasctlError):
+    """The user stopped the work (Ctrl-C); what was finished is kept (exit code 130)."""
+
+    exit_code = 130

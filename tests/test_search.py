@@ -90,3 +90,24 @@ def test_existing_run_folder_is_refused(tmp_path):
     assert search(*TINY, "--run-dir", str(run)).exit_code == 0
     result = search(*TINY, "--run-dir", str(run))
     assert result.exit_code == 2 and "already holds a run" in result.stderr
+
+
+def test_ctrl_c_keeps_finished_trials(tmp_path, monkeypatch):
+    from nasctl.evaluation import train
+
+    real = train.evaluate
+    calls = []
+
+    def stop_on_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train, "evaluate", stop_on_third)
+    run = tmp_path / "run"
+    result = search(*TINY, "--run-dir", str(run))
+    assert result.exit_code == 130
+    assert result.stderr.startswith("error: interrupted after 2 of 4 trials; they are kept in")
+    assert len(read_csv(run / "trials.csv")) == 2
+    assert len(read_csv(run / "pareto.csv")) >= 1
