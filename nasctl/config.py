@@ -1,7 +1,9 @@
-"""The resolved settings of a search: validated, written to the run folder as config.yaml."""
+"""The settings of a search: validated, read from `--config` files (YAML or TOML) with
+flags overriding them, and written to the run folder as config.yaml."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -17,8 +19,9 @@ class SearchConfig(BaseModel):
     space: str = "ee-mbv2"
     device: str = "edge-quad"
     dataset: str = "digits"
+    accuracy: str = "proxy"
     strategy: str = "nsga2"
-    objectives: list[str] = ["accuracy", "edp"]
+    objectives: Optional[list[str]] = None  # default: accuracy and edp, or latency_ms where energy is not modelled
     budget: int = Field(default=40, ge=1)
     epochs: int = Field(default=5, ge=1)
     batch_size: int = Field(default=64, ge=1)
@@ -29,16 +32,50 @@ class SearchConfig(BaseModel):
     max_latency_ms: Optional[float] = Field(default=None, gt=0)
     max_energy_mj: Optional[float] = Field(default=None, gt=0)
     max_params: Optional[int] = Field(default=None, gt=0)
+    storage: Optional[str] = None
+    study: Optional[str] = None
+    workers: int = Field(default=1, ge=1)
 
     @field_validator("objectives")
     @classmethod
-    def _objectives(cls, v: list[str]) -> list[str]:
-        return check_objectives(v)
+    def _objectives(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+        return None if v is None else check_objectives(v)
 
 
-def make_config(**values) -> SearchConfig:
-    """Validate settings; a bad value raises a one-line ConfigError naming the key."""
+def read_config_file(path: Path) -> dict:
+    """Settings from a YAML or TOML file (keys as in config.yaml; run-description keys ignored)."""
+    from .specs import read_yaml
+    from .store import INFO_KEYS
+
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist")
+    if path.suffix == ".toml":
+        import tomllib
+
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: is not valid TOML: {e}") from None
+    else:
+        data = read_yaml(path)
+    return {k: v for k, v in data.items() if k not in INFO_KEYS}
+
+
+def make_config(file_values: dict | None = None, source: str = "setting", **flags) -> SearchConfig:
+    """Validate settings: a config file's values, overridden by the flags given (not None).
+    A bad value raises a one-line ConfigError naming the key (and the file)."""
+    values = {**(file_values or {}), **{k: v for k, v in flags.items() if v is not None}}
     try:
-        return SearchConfig(**{k: v for k, v in values.items() if v is not None})
+        cfg = SearchConfig(**values)
     except ValidationError as e:
-        raise ConfigError(f"invalid setting {validation_message(e)}") from None
+        raise ConfigError(f"{source}: {validation_message(e)}") from None
+    if cfg.objectives is None:
+        cfg.objectives = ["accuracy", "edp"] if _models_energy(cfg.device) else ["accuracy", "latency_ms"]
+    return cfg
+
+
+def _models_energy(device: str) -> bool:
+    from .hardware.loader import load_device
+    from .tables import is_table
+
+    return not is_table(device) and load_device(device).models_energy

@@ -1,31 +1,41 @@
 """The search loop: ask → evaluate → store → tell.
 
-Strategies only propose; the engine prices each candidate on the device, trains it,
-combines the two into the expected cost over its exits, writes the trial as soon as
-it finishes, and reports objective and constraint values back to the strategy.
+Strategies only propose; the engine prices each candidate on the device, scores its
+accuracy (proxy training or a table), combines cost and exit rates into the expected
+cost over the candidate's exits, stores the trial in the run's optuna study and in
+trials.csv as soon as it finishes, and reports objective and constraint values back to
+the strategy.  Every finished trial is kept: a search that stops (Ctrl-C, a killed
+worker) continues with `--resume`, replaying the strategy over the stored results.
 """
 
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+import numpy as np
 
 from . import workspace
 from .config import SearchConfig
 from .errors import Interrupted, UsageError, WorkFailed
 from .hardware.base import expected_cost
 from .hardware.loader import load_device
-from .objectives import CONSTRAINT_METRICS, Constraint, minimisation_matrix, pareto_mask
+from .objectives import METRICS, CONSTRAINT_METRICS, Constraint, minimisation_matrix, pareto_mask
 from .spaces.base import arch_key
 from .spaces.loader import load_space
-from .store import RunStore
+from .store import RunStore, TrialStore
 from .strategies import STRATEGIES
+from .tables import ArchTable, MissingEntry, is_table
 
 # How many rounds in a row a strategy may propose only candidates already evaluated.
 _MAX_STALLED_ROUNDS = 50
+# Objective values told to a strategy for a candidate that could not be evaluated.
+_FAILED_PENALTY = 1e12
 
 
 @dataclass
@@ -39,111 +49,228 @@ class SearchResult:
 
 def candidate_seed(seed: int, key: str) -> int:
     """The training seed of one candidate: the same for the same run seed and architecture,
-    whatever order the strategy proposes it in."""
+    whatever order (or worker) it is proposed in."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:4], "little")
 
 
-def run_search(cfg: SearchConfig, run_dir: Path | None = None,
-               on_start: Callable[[int], None] | None = None,
-               on_trial: Callable[[dict, int], None] | None = None) -> SearchResult:
-    """Run a search; `on_start(budget)` is called once the inputs are checked and the run
-    folder exists, `on_trial(row, n_done)` after each evaluated candidate."""
-    from .evaluation.datasets import load_dataset
-    from .evaluation.train import TrainSettings, evaluate, resolve_train_device
+class Evaluator:
+    """Scores one architecture: cost on the device (or a latency table) and accuracy
+    (proxy training or an accuracy table)."""
 
-    t_start = time.perf_counter()
-    space = load_space(cfg.space)
-    device = load_device(cfg.device)
-    strategy = STRATEGIES.get(cfg.strategy)()
-    if not device.models_energy and {"energy_mj", "edp"} & set(cfg.objectives):
-        raise UsageError(f"device '{device.name}' models latency only; objectives energy_mj and edp "
-                         "need a device that models energy")
-    train_device = resolve_train_device(cfg.train_device)
-    dataset = load_dataset(cfg.dataset, cfg.seed)
-    settings = TrainSettings(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                             device=train_device, exit_tolerance=cfg.exit_tolerance)
-    constraints = [Constraint(metric, getattr(cfg, flag)) for flag, metric in CONSTRAINT_METRICS.items()
-                   if getattr(cfg, flag) is not None]
+    def __init__(self, cfg: SearchConfig, threads: int | None = None):
+        self.cfg = cfg
+        self.space = load_space(cfg.space)
+        self.device = None if is_table(cfg.device) else load_device(cfg.device)
+        self.latency_table = ArchTable(cfg.device, self.space) if is_table(cfg.device) else None
+        models_energy = self.device is not None and self.device.models_energy
+        if not models_energy and {"energy_mj", "edp"} & set(cfg.objectives):
+            raise UsageError(f"device '{cfg.device}' models latency only; objectives energy_mj and edp "
+                             "need a device that models energy (e.g. --objectives accuracy,latency_ms)")
+        self.constraints = [Constraint(metric, getattr(cfg, flag)) for flag, metric in CONSTRAINT_METRICS.items()
+                            if getattr(cfg, flag) is not None]
+        self.exits = self.space.exit_names()
+        self.dataset = self.acc_table = None
+        if cfg.accuracy == "proxy":
+            from .evaluation.datasets import load_dataset
+            from .evaluation.train import TrainSettings, resolve_train_device
 
-    exits = space.exit_names()
-    columns = ["trial", "arch", "accuracy", "latency_ms", "energy_mj", "edp", "params", "macs",
-               *[f"exit_rate_{e}" for e in exits], "feasible", "train_s"]
-    run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{space.name}-{cfg.strategy}-s{cfg.seed}"
-    store = RunStore.create(run_dir, run_id, columns)
-    store.write_config({**cfg.model_dump(), "resolved": {
-        "space": str(workspace.find("search_spaces", cfg.space, "search space")),
-        "device": str(workspace.find("hardware", cfg.device, "device")),
-        "dataset": {"name": dataset.name, "input_shape": list(dataset.input_shape),
-                    "classes": dataset.classes, "train": len(dataset.y_train),
-                    "val": len(dataset.y_val), "test": len(dataset.y_test)},
-        "train_device": train_device}})
+            self.train_device = resolve_train_device(cfg.train_device)
+            self.dataset = load_dataset(cfg.dataset, cfg.seed)
+            self.settings = TrainSettings(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+                                          device=self.train_device, exit_tolerance=cfg.exit_tolerance,
+                                          threads=threads)
+            self.input_shape, self.classes = self.dataset.input_shape, self.dataset.classes
+        elif is_table(cfg.accuracy):
+            self.acc_table = ArchTable(cfg.accuracy, self.space)
+            self.input_shape, self.classes = self.space.default_input()
+        else:
+            raise UsageError(f"accuracy source '{cfg.accuracy}' is not one of: proxy, table:PATH:COLUMN")
 
-    def evaluate_candidate(arch: dict) -> dict:
-        report = device.estimate(space.to_layers(arch, dataset.input_shape, dataset.classes))
-        if report.unsupported:
-            ops = ", ".join(f"{op} x{n}" for op, n in report.unsupported.items())
-            raise UsageError(f"device '{device.name}' cannot price op(s) {ops} of space '{space.name}'")
-        lat_path, en_path = report.exit_path_costs()
+    @property
+    def columns(self) -> list[str]:
+        return ["trial", "arch", "accuracy", "latency_ms", "energy_mj", "edp", "params", "macs",
+                *[f"exit_rate_{e}" for e in self.exits], "feasible", "train_s"]
+
+    def resolved(self) -> dict:
+        out: dict = {"input_shape": list(self.input_shape), "classes": self.classes}
+        if self.device is not None:
+            out["device"] = str(workspace.find("hardware", self.cfg.device, "device"))
+        out["space"] = str(workspace.find("search_spaces", self.cfg.space, "search space"))
+        if self.dataset is not None:
+            d = self.dataset
+            out["dataset"] = {"name": d.name, "input_shape": list(d.input_shape), "classes": d.classes,
+                              "train": len(d.y_train), "val": len(d.y_val), "test": len(d.y_test)}
+            out["train_device"] = self.train_device
+        return out
+
+    def __call__(self, arch: dict) -> dict:
+        """The trials.csv row of `arch` (without its trial number); MissingEntry if a table lacks it."""
+        key = arch_key(arch)
+        layers = self.space.to_layers(arch, self.input_shape, self.classes)
+        active = self.space.active_exits(arch)
         t0 = time.perf_counter()
-        res = evaluate(space, arch, dataset, settings, seed=candidate_seed(cfg.seed, arch_key(arch)))
-        latency = expected_cost(lat_path, res.exit_rates)
-        energy = expected_cost(en_path, res.exit_rates) if en_path is not None else None
-        rates = dict.fromkeys(exits, 0.0)
-        rates.update(zip(space.active_exits(arch), res.exit_rates))
-        row = {"arch": arch_key(arch), "accuracy": res.accuracy, "latency_ms": latency,
-               "energy_mj": energy, "edp": None if energy is None else latency * energy,
-               "params": sum(layer.params for layer in report.layers),
-               "macs": sum(layer.macs for layer in report.layers),
-               **{f"exit_rate_{e}": p for e, p in rates.items()},
-               "train_s": time.perf_counter() - t0}
-        row["feasible"] = all(c.violation(row) <= 0 for c in constraints)
+        if self.acc_table is not None:
+            accuracy, rates = self.acc_table.lookup(key), [0.0] * (len(active) - 1) + [1.0]
+        else:
+            from .evaluation.train import evaluate
+
+            res = evaluate(self.space, arch, self.dataset, self.settings,
+                           seed=candidate_seed(self.cfg.seed, key))
+            accuracy, rates = res.accuracy, res.exit_rates
+        train_s = time.perf_counter() - t0
+        if self.latency_table is not None:
+            latency, energy = self.latency_table.lookup(key), None
+        else:
+            report = self.device.estimate(layers)
+            if report.unsupported:
+                ops = ", ".join(f"{op} x{n}" for op, n in report.unsupported.items())
+                raise UsageError(f"device '{self.device.name}' cannot price op(s) {ops} of space '{self.space.name}'")
+            lat_path, en_path = report.exit_path_costs()
+            latency = expected_cost(lat_path, rates)
+            energy = expected_cost(en_path, rates) if en_path is not None else None
+        exit_rates = dict.fromkeys(self.exits, 0.0)
+        exit_rates.update(zip(active, rates))
+        row = {"arch": key, "accuracy": accuracy, "latency_ms": latency, "energy_mj": energy,
+               "edp": None if energy is None else latency * energy,
+               "params": sum(layer.params for layer in layers), "macs": sum(layer.macs for layer in layers),
+               **{f"exit_rate_{e}": p for e, p in exit_rates.items()}, "train_s": train_s}
+        row["feasible"] = all(c.violation(row) <= 0 for c in self.constraints)
         return row
 
-    strategy.setup(space, len(cfg.objectives), len(constraints), seed=cfg.seed, budget=cfg.budget)
-    trials: list[dict] = []
-    seen: dict[str, dict] = {}
-    stalled = 0
+
+def study_name(cfg: SearchConfig, run_dir: Path) -> str:
+    return cfg.study or run_dir.name
+
+
+def storage_url(cfg: SearchConfig, run_dir: Path) -> str:
+    return cfg.storage or f"sqlite:///{(run_dir / 'study.db').resolve()}"
+
+
+def directions(cfg: SearchConfig) -> list[str]:
+    return [f"{METRICS[o]}imize" for o in cfg.objectives]
+
+
+def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool = False,
+               on_start: Callable[[int, int], None] | None = None,
+               on_trial: Callable[[dict, int], None] | None = None) -> SearchResult:
+    """Run (or, with `resume`, continue) a search.  `on_start(budget, done)` is called once
+    the inputs are checked and the run folder exists, `on_trial(row, done)` after each
+    candidate this process evaluates."""
+    t_start = time.perf_counter()
+    threads = max(1, (os.cpu_count() or 1) // cfg.workers) if cfg.workers > 1 else None
+    evaluator = Evaluator(cfg, threads)
+    STRATEGIES.get(cfg.strategy)  # an unknown strategy fails before any folder is made
+    if resume:
+        store = RunStore(run_dir, evaluator.columns)
+    else:
+        run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{evaluator.space.name}-{cfg.strategy}-s{cfg.seed}"
+        store = RunStore.create(run_dir, run_id, evaluator.columns)
+        store.write_config({**cfg.model_dump(), "resolved": evaluator.resolved()})
+    trials = TrialStore(storage_url(cfg, store.path), study_name(cfg, store.path), directions(cfg),
+                        evaluator.space, cfg.seed)
+    if resume:
+        trials.fail_stale()
+        store.write_trials(trials.finished_rows())
     if on_start:
-        on_start(cfg.budget)
+        on_start(cfg.budget, trials.n_claimed())
+    workers = [multiprocessing.get_context("spawn").Process(
+        target=_worker, args=(cfg.model_dump(), str(store.path), i), daemon=True) for i in range(1, cfg.workers)]
+    for w in workers:
+        w.start()
     try:
-        while len(trials) < cfg.budget and stalled < _MAX_STALLED_ROUNDS:
-            archs = [space.validate(a) for a in strategy.ask(cfg.budget - len(trials))]
-            if not archs:
-                break
-            before = len(trials)
-            for arch in archs:
-                key = arch_key(arch)
-                if key not in seen and len(trials) < cfg.budget:
-                    row = {"trial": len(trials), **evaluate_candidate(arch)}
-                    seen[key] = row
-                    trials.append(row)
-                    store.append(row)
-                    if on_trial:
-                        on_trial(row, len(trials))
-            told = [a for a in archs if arch_key(a) in seen]
-            rows = [seen[arch_key(a)] for a in told]
-            strategy.tell(told, minimisation_matrix(rows, cfg.objectives),
-                          [[c.violation(r) for c in constraints] for r in rows])
-            stalled = stalled + 1 if len(trials) == before else 0
+        _work(evaluator, store, trials, worker=0, on_trial=on_trial)
+        for w in workers:
+            w.join()
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted after {len(trials)} of {cfg.budget} trials; they are kept in "
-                          f"{store.trials_path}") from None
+        for w in workers:
+            w.terminate()
+        done = len(trials.finished_rows())
+        raise Interrupted(f"interrupted after {done} of {cfg.budget} trials; they are kept in "
+                          f"{store.trials_path} (continue with --resume {store.path})") from None
     finally:
-        front = _front(trials, cfg.objectives)
+        rows = trials.finished_rows()
+        store.write_trials(rows)
+        front = pareto_front(rows, cfg.objectives)
         store.write_pareto(front)
-    result = SearchResult(store.path, trials, front, constraints, {
+    result = SearchResult(store.path, rows, front, evaluator.constraints, {
         "total_s": round(time.perf_counter() - t_start, 3),
-        "train_s": round(sum(t["train_s"] for t in trials), 3),
-        "trials": len(trials)})
-    if trials and not front and constraints:
-        best = ", ".join(f"{c} (best seen {min(t[c.metric] for t in trials):.4g})" for c in constraints)
+        "train_s": round(sum(r["train_s"] for r in rows), 3),
+        "trials": len(rows)})
+    if rows and not front and evaluator.constraints:
+        best = ", ".join(f"{c} (best seen {min(r[c.metric] for r in rows):.4g})" for c in evaluator.constraints)
         raise WorkFailed(f"no evaluated candidate meets {best}; "
-                         f"all {len(trials)} trials are kept in {store.path / 'trials.csv'}")
+                         f"all {len(rows)} trials are kept in {store.trials_path}")
     return result
 
 
-def _front(trials: list[dict], objectives: list[str]) -> list[dict]:
-    feasible = [t for t in trials if t["feasible"]]
+def _worker(cfg_dump: dict, run_dir: str, index: int) -> None:
+    """A local worker process: the same search on the same study, its strategy seeded apart."""
+    cfg = SearchConfig(**cfg_dump)
+    evaluator = Evaluator(cfg, max(1, (os.cpu_count() or 1) // cfg.workers))
+    path = Path(run_dir)
+    trials = TrialStore(storage_url(cfg, path), study_name(cfg, path), directions(cfg), evaluator.space, cfg.seed)
+    try:
+        _work(evaluator, RunStore(path, evaluator.columns), trials, worker=index)
+    except KeyboardInterrupt:
+        pass
+
+
+def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int,
+          on_trial: Callable[[dict, int], None] | None = None) -> None:
+    cfg, space = evaluator.cfg, evaluator.space
+    strategy = STRATEGIES.get(cfg.strategy)()
+    strategy.setup(space, len(cfg.objectives), len(evaluator.constraints), seed=cfg.seed + worker,
+                   budget=cfg.budget)
+    seen = {row["arch"]: row for row in trials.finished_rows()}
+    failed = trials.failed_keys()
+    stalled = 0
+    while (claimed := trials.n_claimed()) < cfg.budget and stalled < _MAX_STALLED_ROUNDS:
+        archs = [space.validate(a) for a in strategy.ask(cfg.budget - claimed)]
+        if not archs:
+            break
+        evaluated = 0
+        for arch in archs:
+            key = arch_key(arch)
+            if key in seen or key in failed or trials.n_claimed() >= cfg.budget:
+                continue
+            trial = trials.start(arch, key)
+            try:
+                row = evaluator(arch)
+            except MissingEntry as e:
+                trials.fail(trial, str(e))
+                failed.add(key)
+                continue
+            except BaseException:
+                trials.fail(trial, "stopped")
+                raise
+            finally:
+                evaluated += 1
+            values = [row[o] for o in cfg.objectives]
+            number = trials.finish(trial, row, values, {str(c): c.violation(row) for c in evaluator.constraints})
+            row = {"trial": number, **row}
+            seen[key] = row
+            store.append(row)
+            if on_trial:
+                on_trial(row, len(seen))
+        _tell(strategy, archs, seen, cfg.objectives, evaluator.constraints)
+        stalled = 0 if evaluated else stalled + 1
+
+
+def _tell(strategy, archs: list[dict], seen: dict, objectives: list[str], constraints: list[Constraint]) -> None:
+    """Report results; an architecture that could not be evaluated gets the worst values."""
+    rows = [seen.get(arch_key(a)) for a in archs]
+    F = np.full((len(archs), len(objectives)), _FAILED_PENALTY)
+    G = np.ones((len(archs), len(constraints)))
+    ok = [i for i, r in enumerate(rows) if r is not None]
+    if ok:
+        F[ok] = minimisation_matrix([rows[i] for i in ok], objectives)
+        G[ok] = [[c.violation(rows[i]) for c in constraints] for i in ok]
+    strategy.tell(archs, F, G)
+
+
+def pareto_front(rows: list[dict], objectives: list[str]) -> list[dict]:
+    """The non-dominated feasible rows, best first by the first objective."""
+    feasible = [r for r in rows if r["feasible"]]
     if not feasible:
         return []
     F = minimisation_matrix(feasible, objectives)

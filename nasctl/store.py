@@ -1,9 +1,18 @@
-"""Run folders: config.yaml, trials.csv (written as each trial finishes), pareto.csv."""
+"""Run folders and the optuna study that holds a run's trials.
+
+A run folder holds `config.yaml` (the resolved settings), `trials.csv` (one row per
+finished trial, appended as each finishes), `pareto.csv` (the non-dominated feasible
+rows) and, by default, `study.db`: the SQLite optuna study every trial is stored in
+first.  `--storage URL` puts the study in any optuna RDB (PostgreSQL, MySQL) or, as
+`journal:PATH`, a journal file; workers on other machines join it by `--study NAME`.
+"""
 
 from __future__ import annotations
 
 import csv
+import fcntl
 import time
+import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -14,6 +23,8 @@ from .errors import UsageError
 
 # Columns that measure time: they differ between otherwise identical runs.
 TIMING_COLUMNS = ("train_s",)
+# Keys of config.yaml that describe a run rather than set it.
+INFO_KEYS = ("nasctl_version", "created", "resolved")
 
 
 def _cell(value) -> str:
@@ -39,11 +50,11 @@ class RunStore:
                 n += 1
                 run_dir = base / f"{run_id}-{n}"
         elif (run_dir / "trials.csv").exists():
-            raise UsageError(f"run folder '{run_dir}' already holds a run (trials.csv); choose another --run-dir")
+            raise UsageError(f"run folder '{run_dir}' already holds a run (trials.csv); choose another "
+                             "--run-dir, or continue it with --resume")
         run_dir.mkdir(parents=True, exist_ok=True)
         store = cls(run_dir, columns)
-        with open(store.trials_path, "w", newline="") as f:
-            csv.writer(f).writerow(store.columns)
+        store.write_trials([])
         return store
 
     @property
@@ -51,19 +62,116 @@ class RunStore:
         return self.path / "trials.csv"
 
     def write_config(self, config: Mapping) -> None:
-        doc = {"nasctl_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **config}
+        doc = {**config, "nasctl_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         (self.path / "config.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 
     def append(self, row: Mapping) -> None:
-        """Add one finished trial; the file is flushed so a crash loses nothing finished."""
+        """Add one finished trial. The file is locked, so local workers can share it."""
         with open(self.trials_path, "a", newline="") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
             csv.writer(f).writerow([_cell(row.get(c)) for c in self.columns])
+
+    def write_trials(self, rows: Sequence[Mapping]) -> None:
+        self._write(self.trials_path, rows)
 
     def write_pareto(self, rows: Sequence[Mapping]) -> Path:
         path = self.path / "pareto.csv"
-        with open(path, "w", newline="") as f:
+        self._write(path, rows)
+        return path
+
+    def _write(self, path: Path, rows: Sequence[Mapping]) -> None:
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(self.columns)
             for row in rows:
                 w.writerow([_cell(row.get(c)) for c in self.columns])
-        return path
+        tmp.replace(path)
+
+
+def find_run(name: str) -> Path:
+    """A run folder from a path or a run id under the workspace's runs/."""
+    for candidate in (Path(name), workspace.runs_folder() / name):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise UsageError(f"run '{name}' not found: no config.yaml in '{name}' nor in "
+                     f"'{workspace.runs_folder() / name}'")
+
+
+def read_run_config(run_dir: Path) -> dict:
+    from .specs import read_yaml
+
+    data = read_yaml(run_dir / "config.yaml")
+    return {k: v for k, v in data.items() if k not in INFO_KEYS}
+
+
+def _storage(url: str):
+    if url.startswith("journal:"):
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
+    return url
+
+
+class TrialStore:
+    """The optuna study of a run: each evaluated candidate is one trial whose values are
+    the objectives, whose params are the architecture's knobs, and whose user attribute
+    `row` is its trials.csv row."""
+
+    def __init__(self, storage: str, study_name: str, directions: Sequence[str], space, seed: int):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        try:
+            self.study = optuna.create_study(storage=_storage(storage), study_name=study_name,
+                                             directions=list(directions), load_if_exists=True)
+        except Exception as e:  # noqa: BLE001 - SQLAlchemy and optuna raise many kinds here
+            raise UsageError(f"cannot open storage '{storage}': {str(e).splitlines()[0]}") from None
+        if [d.name.lower() for d in self.study.directions] != list(directions):
+            raise UsageError(f"study '{study_name}' in '{storage}' optimises other objectives")
+        self._optuna = optuna
+        self._space = space
+        self._base_sampler = optuna.samplers.RandomSampler(seed=seed)
+        self._distributions = {v.name: optuna.distributions.CategoricalDistribution(list(v.choices))
+                               for v in space.variables()}
+
+    def finished_rows(self) -> list[dict]:
+        trials = self.study.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.COMPLETE,))
+        return [{**t.user_attrs["row"], "trial": t.number} for t in sorted(trials, key=lambda t: t.number)]
+
+    def failed_keys(self) -> set[str]:
+        trials = self.study.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.FAIL,))
+        return {t.user_attrs["arch"] for t in trials if "arch" in t.user_attrs}
+
+    def n_claimed(self) -> int:
+        """Trials finished or in flight: what counts against the budget."""
+        ts = self._optuna.trial.TrialState
+        return len(self.study.get_trials(deepcopy=False, states=(ts.COMPLETE, ts.FAIL, ts.RUNNING)))
+
+    def fail_stale(self) -> int:
+        """Mark trials left RUNNING by a stopped search as failed (before resuming it)."""
+        stale = self.study.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.RUNNING,))
+        for t in stale:
+            self.study.tell(t.number, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        return len(stale)
+
+    def start(self, arch: Mapping, key: str):
+        """Open a trial for `arch` (marked running, so other workers count it)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", self._optuna.exceptions.ExperimentalWarning)
+            self.study.sampler = self._optuna.samplers.PartialFixedSampler(dict(arch), self._base_sampler)
+        trial = self.study.ask(self._distributions)
+        trial.set_user_attr("arch", key)
+        return trial
+
+    def finish(self, trial, row: Mapping, values: Sequence[float], violations: Mapping[str, float]) -> int:
+        trial.set_user_attr("row", dict(row))
+        for name, v in violations.items():
+            trial.set_constraint(name, float(v))
+        self.study.tell(trial, list(values))
+        return trial.number
+
+    def fail(self, trial, reason: str) -> None:
+        trial.set_user_attr("error", reason)
+        self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL)

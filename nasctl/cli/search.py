@@ -22,10 +22,10 @@ def search(
     device: Annotated[Optional[str], typer.Option(help=f"Device name or YAML path. {_d('device')}")] = None,
     dataset: Annotated[Optional[str], typer.Option(
         help=f"'digits', a CIFAR-10 python-batches folder or an .npz file. {_d('dataset')}")] = None,
-    strategy: Annotated[Optional[str], typer.Option(help=f"Search strategy (nsga2, random). {_d('strategy')}")] = None,
+    strategy: Annotated[Optional[str], typer.Option(help=f"Search strategy. {_d('strategy')}")] = None,
     objectives: Annotated[Optional[str], typer.Option(
         help="Comma-separated metrics to optimise (accuracy, latency_ms, energy_mj, edp, params, macs). "
-             "[default: accuracy,edp]")] = None,
+             "[default: accuracy,edp; accuracy,latency_ms on devices that model latency only]")] = None,
     budget: Annotated[Optional[int], typer.Option(help=f"Candidates to evaluate. {_d('budget')}")] = None,
     epochs: Annotated[Optional[int], typer.Option(help=f"Proxy-training epochs per candidate. {_d('epochs')}")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help=f"Training batch size. {_d('batch_size')}")] = None,
@@ -36,18 +36,45 @@ def search(
     max_latency_ms: Annotated[Optional[float], typer.Option(help="Constraint: expected latency (ms) at most this.")] = None,
     max_energy_mj: Annotated[Optional[float], typer.Option(help="Constraint: expected energy (mJ) at most this.")] = None,
     max_params: Annotated[Optional[int], typer.Option(help="Constraint: parameters at most this.")] = None,
+    accuracy: Annotated[Optional[str], typer.Option(
+        help="Accuracy source: proxy (train each candidate) or table:PATH:COLUMN. [default: proxy]")] = None,
+    storage: Annotated[Optional[str], typer.Option(
+        help="Optuna storage URL (sqlite:///, postgresql://, mysql://) or journal:PATH. "
+             "[default: study.db in the run folder]")] = None,
+    study: Annotated[Optional[str], typer.Option(help="Study name in the storage. [default: the run id]")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Local worker processes on one study. [default: 1]")] = None,
+    config: Annotated[Optional[Path], typer.Option(
+        help="YAML or TOML file of settings (keys as in a run's config.yaml); flags override it.")] = None,
+    print_config: Annotated[bool, typer.Option(
+        "--print-config", help="Print the resolved settings as YAML and exit.")] = False,
+    resume: Annotated[Optional[str], typer.Option(
+        help="Continue the run in this folder (or run id) to its budget; --budget may raise it.")] = None,
     run_dir: Annotated[Optional[Path], typer.Option(help="Run folder. [default: runs/<run-id>]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ):
     """Search a space for the Pareto front of accuracy and device cost."""
+    from ..config import read_config_file
     from ..engine import run_search
+    from ..store import find_run
 
-    cfg = make_config(space=space, device=device, dataset=dataset, strategy=strategy,
-                      objectives=objectives.split(",") if objectives else None, budget=budget,
-                      epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, train_device=train_device,
-                      max_latency_ms=max_latency_ms, max_energy_mj=max_energy_mj, max_params=max_params)
+    file_values, source = {}, "setting"
+    if resume is not None:
+        run_dir = find_run(resume)
+        file_values, source = read_config_file(run_dir / "config.yaml"), str(run_dir / "config.yaml")
+    elif config is not None:
+        file_values, source = read_config_file(config), str(config)
+    cfg = make_config(file_values, source, space=space, device=device, dataset=dataset, accuracy=accuracy,
+                      strategy=strategy, objectives=objectives.split(",") if objectives else None,
+                      budget=budget, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
+                      train_device=train_device, max_latency_ms=max_latency_ms, max_energy_mj=max_energy_mj,
+                      max_params=max_params, storage=storage, study=study, workers=workers)
+    if print_config:
+        import yaml
+
+        return out.out(yaml.safe_dump(cfg.model_dump(), sort_keys=False), end="", highlight=False)
     with _Progress() as progress:
-        result = run_search(cfg, run_dir, on_start=progress.start, on_trial=progress.update)
+        result = run_search(cfg, run_dir, resume=resume is not None, on_start=progress.start,
+                            on_trial=progress.update)
     if as_json:
         return print_json({"run_dir": str(result.run_dir), "front": result.front,
                            "objectives": cfg.objectives,
@@ -76,14 +103,13 @@ class _Progress:
     def __exit__(self, *exc):
         self._progress.stop()
 
-    def start(self, total: int) -> None:
-        self._task = self._progress.add_task("", total=total)
+    def start(self, total: int, done: int) -> None:
+        self._task = self._progress.add_task("", total=total, completed=done)
         self._progress.start()
 
     def update(self, row: dict, done: int) -> None:
-        edp = "n/a" if row["edp"] is None else f"{row['edp']:.3g}"
-        self._progress.update(self._task, completed=done,
-                              description=f"last: {row['accuracy']:.1f}% EDP {edp} mJ·ms")
+        cost = f"{row['latency_ms'] * 1e3:.3g} µs" if row["edp"] is None else f"EDP {row['edp'] * 1e6:.3g} µJ·µs"
+        self._progress.update(self._task, completed=done, description=f"last: {row['accuracy']:.1f}% {cost}")
 
 
 def _front_table(front: list[dict], objectives: list[str]) -> Table:

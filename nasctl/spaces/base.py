@@ -45,6 +45,11 @@ class SearchSpace(ABC):
     def build(self, arch: Arch, input_shape: tuple[int, int, int], classes: int):
         """A torch module with one output per exit (final classifier last)."""
 
+    def default_input(self) -> tuple[tuple[int, int, int], int]:
+        """Input shape (C, H, W) and class count when no dataset gives them (table-scored searches)."""
+        raise UsageError(f"space '{self.name}' takes its input shape from a dataset; "
+                         "score it with --accuracy proxy")
+
     def exit_names(self) -> list[str]:
         """Names of every exit the space can have, final classifier last (trials.csv columns)."""
         return ["final"]

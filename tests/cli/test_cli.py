@@ -54,7 +54,7 @@ def test_hw_list_and_show():
     (["search", "--space", "nope"], 2, "unknown search space 'nope'"),
     (["search", "--device", "nope"], 2, "unknown device 'nope'"),
     (["search", "--dataset", "nope"], 2, "nope"),
-    (["search", "--budget", "0"], 2, "budget"),
+    (["search", "--budget", "0"], 2, "setting: budget: Input should be greater than or equal to 1"),
     (["search", "--train-device", "gpu"], 2, "train_device"),
     (["search", "--objectives", "accuracy,speed"], 2, "unknown objective 'speed'"),
     (["search", "--budgett", "3"], 2, "No such option: --budgett"),

@@ -1,0 +1,121 @@
+"""Runs on optuna storage: config files, resume, storage URLs, local workers."""
+
+import csv
+import json
+
+import optuna
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from nasctl.cli import app
+
+runner = CliRunner()
+FAST = ["--epochs", "1", "--strategy", "random"]
+
+
+def search(*args):
+    return runner.invoke(app, ["search", *args])
+
+
+def rows(run):
+    with open(run / "trials.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_config_file_with_flags_overriding(tmp_path):
+    cfg = tmp_path / "search.yaml"
+    cfg.write_text(yaml.safe_dump({"budget": 7, "epochs": 1, "seed": 4, "strategy": "random"}))
+    result = search("--config", str(cfg), "--budget", "3", "--print-config")
+    assert result.exit_code == 0, result.output
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["budget"] == 3 and resolved["seed"] == 4 and resolved["objectives"] == ["accuracy", "edp"]
+    toml = tmp_path / "search.toml"
+    toml.write_text('budget = 5\nobjectives = ["accuracy", "latency_ms"]\n')
+    resolved = yaml.safe_load(search("--config", str(toml), "--print-config").stdout)
+    assert resolved["budget"] == 5 and resolved["objectives"] == ["accuracy", "latency_ms"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("budget: -1\n", "search.yaml: budget: Input should be greater than or equal to 1"),
+    ("budgets: 3\n", "search.yaml: budgets: unknown key"),
+    ("objectives: [accuracy, speed]\n", "unknown objective 'speed'"),
+    ("budget: [1\n", "search.yaml: line 2 is not valid YAML"),
+])
+def test_config_file_errors_name_file_and_key(tmp_path, content, message):
+    cfg = tmp_path / "search.yaml"
+    cfg.write_text(content)
+    result = search("--config", str(cfg), "--print-config")
+    assert result.exit_code == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_run_config_reruns_the_same_search(tmp_path):
+    assert search("--budget", "3", *FAST, "--seed", "2", "--run-dir", str(tmp_path / "a")).exit_code == 0
+    result = search("--config", str(tmp_path / "a" / "config.yaml"), "--run-dir", str(tmp_path / "b"))
+    assert result.exit_code == 0, result.output
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "train_s"} for r in rs]  # noqa: E731
+    assert strip(rows(tmp_path / "a")) == strip(rows(tmp_path / "b"))
+
+
+def test_trials_live_in_an_optuna_study(tmp_path):
+    run = tmp_path / "run"
+    assert search("--budget", "3", *FAST, "--run-dir", str(run)).exit_code == 0
+    study = optuna.load_study(study_name="run", storage=f"sqlite:///{run / 'study.db'}")
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 3
+    csv_rows = rows(run)
+    for t, r in zip(done, csv_rows):
+        assert json.loads(r["arch"]) == t.params
+        assert t.values == pytest.approx([float(r["accuracy"]), float(r["edp"])], rel=1e-5)
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+
+
+def test_resume_continues_without_redoing_work(tmp_path, monkeypatch):
+    from nasctl.evaluation import train
+
+    run = tmp_path / "run"
+    assert search("--budget", "3", *FAST, "--seed", "1", "--run-dir", str(run)).exit_code == 0
+    first = rows(run)
+    calls = []
+    real = train.evaluate
+    monkeypatch.setattr(train, "evaluate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    result = search("--resume", str(run), "--budget", "5")
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 2  # only the new candidates are trained
+    after = rows(run)
+    assert after[:3] == first and len(after) == 5
+    # the same as an uninterrupted run of budget 5
+    assert search("--budget", "5", *FAST, "--seed", "1", "--run-dir", str(tmp_path / "full")).exit_code == 0
+    assert [r["arch"] for r in rows(tmp_path / "full")] == [r["arch"] for r in after]
+
+
+def test_resume_of_unknown_run_is_one_line():
+    result = search("--resume", "no-such-run")
+    assert result.exit_code == 2 and result.stderr.startswith("error: run 'no-such-run' not found")
+
+
+def test_journal_storage_and_named_study(tmp_path):
+    journal = tmp_path / "journal.log"
+    result = search("--budget", "2", *FAST, "--storage", f"journal:{journal}", "--study", "shared",
+                    "--run-dir", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    study = optuna.load_study(study_name="shared", storage=JournalStorage(JournalFileBackend(str(journal))))
+    assert len(study.trials) == 2
+
+
+def test_bad_storage_is_one_line(tmp_path):
+    result = search("--budget", "1", *FAST, "--storage", "nosuchdb://x", "--run-dir", str(tmp_path / "r"))
+    assert result.exit_code == 2 and result.stderr.startswith("error: cannot open storage 'nosuchdb://x'")
+
+
+def test_two_local_workers_share_one_study(tmp_path):
+    run = tmp_path / "run"
+    result = search("--budget", "6", *FAST, "--workers", "2", "--run-dir", str(run))
+    assert result.exit_code == 0, result.output
+    got = rows(run)
+    assert 6 <= len(got) <= 7  # a worker may finish the candidate it started as the budget filled
+    assert len({r["arch"] for r in got}) == len(got)
