@@ -168,17 +168,18 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
         store.write_config({**cfg.model_dump(), "resolved": evaluator.resolved()})
     trials = TrialStore(storage_url(cfg, store.path), study_name(cfg, store.path), directions(cfg),
                         evaluator.space, cfg.seed)
+    index = trials.register(cfg.model_dump(), resume)
     if resume:
         trials.fail_stale()
         store.write_trials(trials.finished_rows())
     if on_start:
         on_start(cfg.budget, trials.n_claimed())
     workers = [multiprocessing.get_context("spawn").Process(
-        target=_worker, args=(cfg.model_dump(), str(store.path), i), daemon=True) for i in range(1, cfg.workers)]
+        target=_worker, args=(cfg.model_dump(), str(store.path)), daemon=True) for _ in range(1, cfg.workers)]
     for w in workers:
         w.start()
     try:
-        _work(evaluator, store, trials, worker=0, on_trial=on_trial)
+        _work(evaluator, store, trials, worker=index, on_trial=on_trial)
         for w in workers:
             w.join()
     except KeyboardInterrupt:
@@ -203,14 +204,14 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
     return result
 
 
-def _worker(cfg_dump: dict, run_dir: str, index: int) -> None:
+def _worker(cfg_dump: dict, run_dir: str) -> None:
     """A local worker process: the same search on the same study, its strategy seeded apart."""
     cfg = SearchConfig(**cfg_dump)
     evaluator = Evaluator(cfg, max(1, (os.cpu_count() or 1) // cfg.workers))
     path = Path(run_dir)
     trials = TrialStore(storage_url(cfg, path), study_name(cfg, path), directions(cfg), evaluator.space, cfg.seed)
     try:
-        _work(evaluator, RunStore(path, evaluator.columns), trials, worker=index)
+        _work(evaluator, RunStore(path, evaluator.columns), trials, worker=trials.register(cfg_dump, False))
     except KeyboardInterrupt:
         pass
 

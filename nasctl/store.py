@@ -136,6 +136,19 @@ class TrialStore:
         self._distributions = {v.name: optuna.distributions.CategoricalDistribution(list(v.choices))
                                for v in space.variables()}
 
+    def register(self, config: Mapping, resume: bool) -> int:
+        """Record the search's settings (first worker) and return this worker's index: 0 for
+        the search that made the study (and for its resumption), 1, 2, ... for each worker that
+        joins it, so that their strategies are seeded apart."""
+        attrs = self.study.user_attrs
+        if "config" not in attrs:
+            self.study.set_user_attr("config", dict(config))
+        if resume:
+            return 0
+        index = sum(1 for k in attrs if k.startswith("worker_"))
+        self.study.set_user_attr(f"worker_{index}", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        return index
+
     def finished_rows(self) -> list[dict]:
         trials = self.study.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.COMPLETE,))
         return [{**t.user_attrs["row"], "trial": t.number} for t in sorted(trials, key=lambda t: t.number)]
@@ -175,3 +188,17 @@ class TrialStore:
     def fail(self, trial, reason: str) -> None:
         trial.set_user_attr("error", reason)
         self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
+
+
+def stored_config(storage: str, study_name: str) -> dict | None:
+    """The settings of an existing study's search (for a worker joining it), or None."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=_storage(storage))
+    except KeyError:
+        return None
+    except Exception as e:  # noqa: BLE001 - SQLAlchemy and optuna raise many kinds here
+        raise UsageError(f"cannot open storage '{storage}': {str(e).splitlines()[0]}") from None
+    return study.user_attrs.get("config")

@@ -119,3 +119,19 @@ def test_two_local_workers_share_one_study(tmp_path):
     got = rows(run)
     assert 6 <= len(got) <= 7  # a worker may finish the candidate it started as the budget filled
     assert len({r["arch"] for r in got}) == len(got)
+
+
+def test_a_second_machine_joins_with_storage_and_study(tmp_path):
+    db = f"sqlite:///{tmp_path / 'shared.db'}"
+    first = search("--budget", "2", *FAST, "--seed", "3", "--storage", db, "--study", "team",
+                   "--run-dir", str(tmp_path / "m1"))
+    assert first.exit_code == 0, first.output
+    # the joiner gives only storage, study and a higher budget: it takes the rest of the settings
+    second = search("--budget", "4", "--storage", db, "--study", "team", "--run-dir", str(tmp_path / "m2"))
+    assert second.exit_code == 0, second.output
+    config = yaml.safe_load((tmp_path / "m2" / "config.yaml").read_text())
+    assert config["seed"] == 3 and config["strategy"] == "random" and config["epochs"] == 1
+    study = optuna.load_study(study_name="team", storage=db)
+    archs = [t.user_attrs["arch"] for t in study.trials]
+    assert len(archs) == 4 and len(set(archs)) == 4
+    assert len(rows(tmp_path / "m2")) == 4  # the joiner's trials.csv holds the whole study

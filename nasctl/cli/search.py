@@ -55,7 +55,7 @@ def search(
     """Search a space for the Pareto front of accuracy and device cost."""
     from ..config import read_config_file
     from ..engine import run_search
-    from ..store import find_run
+    from ..store import find_run, stored_config
 
     file_values, source = {}, "setting"
     if resume is not None:
@@ -63,6 +63,9 @@ def search(
         file_values, source = read_config_file(run_dir / "config.yaml"), str(run_dir / "config.yaml")
     elif config is not None:
         file_values, source = read_config_file(config), str(config)
+    if resume is None and storage and study and (joined := stored_config(storage, study)):
+        # joining a search another machine started: its settings, this machine's flags on top
+        file_values, source = {**joined, **file_values}, f"study '{study}'"
     cfg = make_config(file_values, source, space=space, device=device, dataset=dataset, accuracy=accuracy,
                       strategy=strategy, objectives=objectives.split(",") if objectives else None,
                       budget=budget, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
