@@ -270,15 +270,15 @@ def _block_layers(block: dict, cin: int, h: int, w: int, classes: int, segment: 
         nonlocal h, w
         oh, ow = _conv_out(h, w, k, s)
         layers.append(LayerSpec("conv", ci, co, (h, w), (oh, ow), (k, k), s, groups,
-                                bits, bits, segment, role, name))
+                                bits, bits, segment, role, name=name))
         h, w = oh, ow
 
     def classifier(width, role, name):
         conv(cin, width, 1, 1, 1, role, f"{name}.conv")
         layers.append(LayerSpec("pool", width, width, (h, w), (1, 1), (h, w), 1, 1,
-                                bits, bits, segment, role, f"{name}.pool"))
+                                bits, bits, segment, role, name=f"{name}.pool"))
         layers.append(LayerSpec("linear", width, classes, (1, 1), (1, 1), (1, 1), 1, 1,
-                                bits, bits, segment, role, f"{name}.fc"))
+                                bits, bits, segment, role, name=f"{name}.fc"))
 
     kind = block["type"]
     if kind == "stem":
@@ -291,7 +291,7 @@ def _block_layers(block: dict, cin: int, h: int, w: int, classes: int, segment: 
         conv(hid, block["out"], 1, 1, 1, name=f"{prefix}.project")
         if block["stride"] == 1 and block["in"] == block["out"]:
             layers.append(LayerSpec("add", block["out"], block["out"], (h, w), (h, w), (1, 1), 1, 1,
-                                    bits, bits, segment, "backbone", f"{prefix}.add"))
+                                    bits, bits, segment, "backbone", name=f"{prefix}.add"))
     elif kind == "exit":
         saved = h, w
         classifier(block["width"], "exit", f"exit_{block['name']}")

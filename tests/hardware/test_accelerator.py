@@ -1,5 +1,6 @@
 import copy
 import itertools
+from math import ceil
 from pathlib import Path
 
 import numpy as np
@@ -212,15 +213,128 @@ def test_costs_are_cached_per_shape():
 
 def test_unsupported_op_and_width_are_reported():
     quad = device()
-    layers = [conv(8, 8, 8), LayerSpec("softmax", 10, 10, (1, 1), (1, 1)),
+    layers = [conv(8, 8, 8), LayerSpec("lstm", 10, 10, (1, 1), (1, 1)),
               LayerSpec("linear", 8, 8, (1, 1), (1, 1), w_bits=64, a_bits=64)]
     report = quad.estimate(layers)
-    assert dict(report.unsupported) == {"softmax": 1, "linear": 1}
+    assert dict(report.unsupported) == {"lstm": 1, "linear": 1}
     assert report.costs[0].latency_ms > 0
     # a width narrower than any supported runs at the narrowest one (its bytes stay packed)
     two, four = quad._layer_cost(conv(8, 8, 8, bits=2)), quad._layer_cost(conv(8, 8, 8, bits=4))
     assert two is not None and two.energy_mj <= four.energy_mj
     assert quad._layer_cost(LayerSpec("pool", 8, 8, (4, 4), (1, 1), (4, 4))).mapping.endswith("K")
+
+
+def preset(name: str, **changes) -> AnalyticalAccelerator:
+    data = yaml.safe_load((ROOT / "hardware" / f"{name}.yaml").read_text())
+    data.update(changes)
+    return AnalyticalAccelerator.from_dict(data)
+
+
+def test_hand_worked_matmul():
+    """Attention scores: 16 tokens x 64 features times 64 x 16, int8, on one core.  Both
+    operands are activations: nothing comes from DRAM, the second operand is read from SRAM."""
+    single = device(cores=1)
+    layer = LayerSpec("matmul", 64, 16, (16, 1), (16, 1), w_bits=8, a_bits=8)
+    assert layer.weight_bytes == 0
+    cost = single._layer_cost(layer)
+    # ceil(16/8) K x ceil(64/8) C x ceil(1/4) OX x ceil(16/4) OY = 64 cycles; no DRAM traffic
+    lat = 64 / 500e6
+    A, B, O = 64 * 16, 64 * 16, 16 * 16
+    energy = 16 * 64 * 16 * 0.23 + (B + A + O) * 12.5 + 0.2 * lat * 1e12
+    assert cost.latency_ms == pytest.approx(lat * 1e3)
+    assert cost.energy_mj == pytest.approx(energy * 1e-9)
+    # split over output rows, every core needs the whole second operand
+    quad = {c.mapping: c for c in device().alternatives(layer)}
+    assert quad["4xOY"].latency_ms == pytest.approx((2 * 8 * 1 * 1 / 500e6 + 3 * B / 32e9) * 1e3)
+
+
+def test_hand_worked_conv_transpose():
+    """3x3 stride-2 transposed conv 16 -> 8 from 8x8 to 16x16 (padding 1, output padding 1), int8."""
+    layer = LayerSpec("conv_transpose", 16, 8, (8, 8), (16, 16), (3, 3), 2, 1, 8, 8)
+    assert layer.macs == 8 * 8 * 16 * 8 * 9
+    by_map = {c.mapping: c for c in device().alternatives(layer)}
+    # over the 8x8 input positions: ceil(8/8) K x ceil(16/8) C x 2 x 2 x 9 taps = 72 cycles (144 ns),
+    # bounded by the weights' DRAM time (1160 B / 12.8 GB/s = 91 ns) no more
+    W, I, O = 8 * 16 * 9 + 8, 16 * 64, 8 * 256
+    lat = 72 / 500e6
+    energy = layer.macs * 0.23 + (W + I + O) * 12.5 + W * 243.75 + 0.2 * lat * 1e12
+    assert by_map["1"].latency_ms == pytest.approx(lat * 1e3)
+    assert by_map["1"].energy_mj == pytest.approx(energy * 1e-9)
+    # 2xOY: each core scatters 4 input rows; the 3 - 2 = 1 overlapping output row is sent across
+    out_rows = O * 1 / 16
+    lat = max(2 * 2 * 1 * 9 / 500e6, W / 12.8e9) + (W + out_rows) / 32e9
+    assert by_map["2xOY"].latency_ms == pytest.approx(lat * 1e3)
+
+
+@pytest.mark.parametrize("layer, adds, mults", [
+    (LayerSpec("softmax", 16, 16, (32, 1), (32, 1), w_bits=8, a_bits=8), 5, 3),
+    (LayerSpec("norm", 16, 16, (32, 1), (32, 1), w_bits=8, a_bits=8, fn="layer"), 4, 3),
+    (LayerSpec("norm", 16, 16, (32, 1), (32, 1), w_bits=8, a_bits=8, fn="batch"), 1, 1),
+    (LayerSpec("act", 16, 16, (32, 1), (32, 1), w_bits=8, a_bits=8, fn="relu"), 1, 0),
+    (LayerSpec("act", 16, 16, (32, 1), (32, 1), w_bits=8, a_bits=8, fn="gelu"), 2, 2),
+    (LayerSpec("mul", 16, 16, (32, 1), (32, 1), w_bits=8, a_bits=8), 0, 1),
+    (LayerSpec("resize", 16, 16, (16, 1), (32, 1), w_bits=8, a_bits=8, fn="linear"), 3, 4),
+    (LayerSpec("resize", 16, 16, (16, 1), (32, 1), w_bits=8, a_bits=8, fn="nearest"), 0, 0),
+    (LayerSpec("data", 16, 16, (32, 1), (32, 1), w_bits=8, a_bits=8, fn="transpose"), 0, 0),
+    (LayerSpec("concat", 16, 16, (32, 1), (32, 1), w_bits=8, a_bits=8), 0, 0),
+])
+def test_hand_worked_vector_ops(layer, adds, mults):
+    """Vector ops on one core: E = max(input, output elements) through 8 lanes, once per
+    operation (once when there is only data to move); each operation priced at int8."""
+    cost = device(cores=1)._layer_cost(layer)
+    elems = max(layer.in_elems, layer.out_elems)
+    lat = ceil(elems * max(adds + mults, 1) / 8) / 500e6
+    energy = elems * (adds * 0.03 + mults * 0.2) + (layer.in_bytes + layer.out_bytes) * 12.5 + 0.2 * lat * 1e12
+    assert cost.latency_ms == pytest.approx(lat * 1e3)
+    assert cost.energy_mj == pytest.approx(energy * 1e-9)
+
+
+def test_channel_mixing_ops_split_over_rows_only():
+    quad = device()
+    for op in ("softmax", "norm", "data"):
+        maps = {c.mapping for c in quad.alternatives(LayerSpec(op, 64, 64, (32, 1), (32, 1), w_bits=8, a_bits=8))}
+        assert maps == {"1", "2xOY", "4xOY"}, op
+    maps = {c.mapping for c in quad.alternatives(LayerSpec("act", 64, 64, (32, 1), (32, 1), fn="relu"))}
+    assert "4xK" in maps
+
+
+def test_reconfigured_array_and_per_level_energies():
+    """eyeriss-like: a 3x3 conv 8 -> 16 on 14x14 at 16 bits takes the unrolling with 3 filter
+    rows x 4 channel sets on the 12 PE rows and 14 output rows on the columns; energy adds
+    4 register-file accesses per MAC and the array network for every buffer byte."""
+    eyeriss = preset("eyeriss-like")
+    layer = conv(8, 16, 14, k=3, bits=16)
+    cost = eyeriss._layer_cost(layer)
+    # 16 filters x ceil(8/4) x ceil(3/3) x 3 kernel columns x 14 columns x ceil(14/14) = 1344 cycles
+    lat = 1344 / 200e6
+    macs = 14 * 14 * 16 * 8 * 9
+    W, I, O = (16 * 8 * 9 + 16) * 2, 8 * 196 * 2, 16 * 196 * 2
+    unit = 0.85  # pJ of one 16-bit MAC; RF 1, array 2, buffer 6, DRAM 200 units per 16-bit access
+    energy = (macs * unit + 4 * macs * unit + (W + I + O) * (6 + 2) * unit / 2 + W * 200 * unit / 2
+              + 28e-3 * lat * 1e12)
+    assert cost.latency_ms == pytest.approx(lat * 1e3)
+    assert cost.energy_mj == pytest.approx(energy * 1e-9)
+    # a 1x1 conv uses all 12 rows for channels: 32 x ceil(24/12) x 14 x 1 = 896 cycles
+    assert eyeriss._layer_cost(conv(24, 32, 14, k=1, bits=16)).latency_ms == pytest.approx(896 / 200e6 * 1e3)
+    assert eyeriss.describe()["peak_tops_by_bits"][16] == pytest.approx(2 * 168 * 200e6 / 1e12, abs=1e-3)
+
+
+def test_weights_from_their_own_memory():
+    """mcu-m7: a 1x1 conv 64 -> 64 on 8x8, int8, on the SMLAD pair (c = 2): weights stream from
+    flash, activations stay in SRAM, nothing touches the external DRAM."""
+    mcu = preset("mcu-m7")
+    layer = conv(64, 64, 8, k=1)
+    cost = mcu._layer_cost(layer)
+    lat = 64 * 32 * 64 / 480e6   # 64 K x ceil(64/2) C x 64 positions, 1 per cycle
+    W, I, O = 64 * 64 + 64, 4096, 4096
+    energy = layer.macs * 0.85 + (W + I + O) * 12.5 + W * 16 + 0.3 * lat * 1e12
+    assert cost.latency_ms == pytest.approx(lat * 1e3)
+    assert cost.energy_mj == pytest.approx(energy * 1e-9)
+    # a large fully-connected layer: the longer of its multiplies and its 4 MB flash read
+    fc = LayerSpec("linear", 2048, 2048, (1, 1), (1, 1), w_bits=8, a_bits=8)
+    assert mcu._layer_cost(fc).latency_ms == pytest.approx(max(2048 * 1024 / 480e6, fc.weight_bytes / 1.5e9) * 1e3)
+    with pytest.raises(ValidationError, match="give both or neither"):
+        device(weight_gb_s=1.0)
 
 
 @pytest.mark.parametrize("path, value, named", [

@@ -138,3 +138,9 @@ def test_vectorised_path_costs_match_layer_by_layer_pricing(space, input_shape):
     # the final exit costs the whole network
     report = device.estimate(space.to_layers(archs[0], input_shape, 10))
     assert lat[0, -1] == pytest.approx(report.latency_ms)
+
+
+def test_layer_names_do_not_change_prices(space):
+    layers = space.to_layers(space.sample(np.random.default_rng(0)), (1, 8, 8), 10)
+    assert layers[0].name == "stem" and all(lay.fn == "" for lay in layers)
+    assert len({lay.shape_key() for lay in layers}) < len(layers)  # repeated blocks share their key
