@@ -25,7 +25,7 @@ from .config import SearchConfig
 from .errors import Interrupted, UsageError, WorkFailed
 from .hardware.base import expected_cost
 from .hardware.loader import load_device
-from .objectives import METRICS, CONSTRAINT_METRICS, Constraint, minimisation_matrix, pareto_mask
+from .objectives import CONSTRAINT_METRICS, METRICS, Constraint, minimisation_matrix, pareto_front
 from .spaces.base import arch_key
 from .spaces.loader import load_space
 from .store import RunStore, TrialStore
@@ -193,6 +193,10 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
         store.write_trials(rows)
         front = pareto_front(rows, cfg.objectives)
         store.write_pareto(front)
+        if rows:
+            from .runs import write_summary
+
+            write_summary(store.path)
     result = SearchResult(store.path, rows, front, evaluator.constraints, {
         "total_s": round(time.perf_counter() - t_start, 3),
         "train_s": round(sum(r["train_s"] for r in rows), 3),
@@ -267,14 +271,3 @@ def _tell(strategy, archs: list[dict], seen: dict, objectives: list[str], constr
         F[ok] = minimisation_matrix([rows[i] for i in ok], objectives)
         G[ok] = [[c.violation(rows[i]) for c in constraints] for i in ok]
     strategy.tell(archs, F, G)
-
-
-def pareto_front(rows: list[dict], objectives: list[str]) -> list[dict]:
-    """The non-dominated feasible rows, best first by the first objective."""
-    feasible = [r for r in rows if r["feasible"]]
-    if not feasible:
-        return []
-    F = minimisation_matrix(feasible, objectives)
-    mask = pareto_mask(F)
-    order = sorted(range(len(feasible)), key=lambda i: tuple(F[i]))
-    return [feasible[i] for i in order if mask[i]]

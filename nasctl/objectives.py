@@ -54,3 +54,14 @@ def pareto_mask(F: np.ndarray) -> np.ndarray:
         dominated = np.all(F <= F[i], axis=1) & np.any(F < F[i], axis=1)
         mask[i] = not dominated.any()
     return mask
+
+
+def pareto_front(rows: list[dict], objectives: list[str]) -> list[dict]:
+    """The non-dominated feasible rows, best first by the first objective."""
+    feasible = [r for r in rows if r["feasible"]]
+    if not feasible:
+        return []
+    F = minimisation_matrix(feasible, objectives)
+    mask = pareto_mask(F)
+    order = sorted(range(len(feasible)), key=lambda i: tuple(F[i]))
+    return [feasible[i] for i in order if mask[i]]

@@ -27,7 +27,7 @@ TIMING_COLUMNS = ("train_s",)
 INFO_KEYS = ("nasctl_version", "created", "resolved")
 
 
-def _cell(value) -> str:
+def cell(value) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
@@ -69,7 +69,7 @@ class RunStore:
         """Add one finished trial. The file is locked, so local workers can share it."""
         with open(self.trials_path, "a", newline="") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
-            csv.writer(f).writerow([_cell(row.get(c)) for c in self.columns])
+            csv.writer(f).writerow([cell(row.get(c)) for c in self.columns])
 
     def write_trials(self, rows: Sequence[Mapping]) -> None:
         self._write(self.trials_path, rows)
@@ -85,7 +85,7 @@ class RunStore:
             w = csv.writer(f)
             w.writerow(self.columns)
             for row in rows:
-                w.writerow([_cell(row.get(c)) for c in self.columns])
+                w.writerow([cell(row.get(c)) for c in self.columns])
         tmp.replace(path)
 
 

@@ -50,7 +50,7 @@ def test_hw_list_and_show():
 
 
 @pytest.mark.parametrize("args, code, message", [
-    (["search", "--strategy", "foo"], 2, "unknown strategy 'foo'; allowed: nsga2, random"),
+    (["search", "--strategy", "foo"], 2, "unknown strategy 'foo'; allowed: "),
     (["search", "--space", "nope"], 2, "unknown search space 'nope'"),
     (["search", "--device", "nope"], 2, "unknown device 'nope'"),
     (["search", "--dataset", "nope"], 2, "nope"),

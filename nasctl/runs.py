@@ -1,0 +1,419 @@
+"""Reading run folders: trials, Pareto front, hypervolume, comparisons, exports, plots.
+
+Hypervolume is measured over a run's objectives (config.yaml `objectives`), in
+minimisation form (maximised metrics such as accuracy are negated), against a reference
+point chosen per objective as the worst value over the run's feasible trials plus 10% of
+their range (10% of the value itself where every trial shares it, 1 where that value is
+0). Only feasible trials count. The reference point is stored, in trials.csv units, in
+the run folder's `summary.json`; as long as it describes the same objectives and the
+same number of trials it is re-read rather than recomputed, so one edited by hand is
+honoured. `compare` measures every run at the baseline's stored reference point.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from . import workspace
+from .errors import ConfigError, UsageError
+from .objectives import METRICS, check_objectives, minimisation_matrix, pareto_front
+from .specs import read_yaml
+from .store import cell, find_run
+
+SUMMARY_FILE = "summary.json"
+REFERENCE_RULE = "per objective, the worst feasible value plus 10% of the feasible range"
+# How metrics are shown on screen and in plots: name, unit, factor from the trials.csv unit.
+DISPLAY = {"accuracy": ("accuracy", "%", 1.0), "latency_ms": ("latency", "µs", 1e3),
+           "energy_mj": ("energy", "µJ", 1e3), "edp": ("EDP", "µJ·µs", 1e6),
+           "params": ("parameters", "", 1.0), "macs": ("MACs", "", 1.0)}
+
+
+@dataclass
+class Run:
+    """A run folder as read from disk: settings and every completely written trial."""
+
+    name: str      # as the user named it (a run id or a path)
+    path: Path
+    config: dict
+    trials: list[dict]
+
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    @property
+    def objectives(self) -> list[str]:
+        return list(self.config["objectives"])
+
+    @property
+    def feasible(self) -> list[dict]:
+        return [t for t in self.trials if t["feasible"]]
+
+    @cached_property
+    def front(self) -> list[dict]:
+        return pareto_front(self.trials, self.objectives)
+
+
+# ---------------------------------------------------------------- reading run folders
+
+def load(run: str | Path) -> Run:
+    """A run from a run folder path or a run id under the workspace's runs/."""
+    path = find_run(str(run))
+    if not (path / "trials.csv").is_file():
+        raise UsageError(f"'{run}' is not a run folder: {path} holds no trials.csv")
+    config = read_yaml(path / "config.yaml")
+    objectives = config.get("objectives")
+    try:
+        check_objectives(objectives if isinstance(objectives, list) else [])
+    except UsageError as e:
+        raise ConfigError(f"{path / 'config.yaml'}: objectives: {e}") from None
+    return Run(str(run), path, config, _read_trials(path / "trials.csv", objectives))
+
+
+def _value(text: str):
+    if text == "":
+        return None
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _read_trials(path: Path, objectives: Sequence[str]) -> list[dict]:
+    """Typed rows of trials.csv. A last line without its line end is a trial still being
+    written and is left out; anything else malformed is an error naming the line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file") from None
+    text = text[:text.rfind("\n") + 1]
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = next(reader, None)
+    missing = [c for c in ("trial", "arch", *objectives, "feasible") if c not in (header or [])]
+    if missing:
+        raise ConfigError(f"{path}: line 1: header lacks column(s) {', '.join(missing)}")
+    rows = []
+    for values in reader:
+        where = f"{path}: line {reader.line_num}"
+        if len(values) != len(header):
+            raise ConfigError(f"{where}: {len(values)} fields where the header has {len(header)}")
+        row = {c: (v if c == "arch" else _value(v)) for c, v in zip(header, values)}
+        if not isinstance(row["trial"], int) or isinstance(row["trial"], bool):
+            raise ConfigError(f"{where}: trial '{row['trial']}' is not a whole number")
+        if not isinstance(row["feasible"], bool):
+            raise ConfigError(f"{where}: feasible '{row['feasible']}' is neither true nor false")
+        for o in objectives:
+            if isinstance(row[o], bool) or not isinstance(row[o], (int, float)) or math.isnan(row[o]):
+                raise ConfigError(f"{where}: {o} '{row[o] if row[o] is not None else ''}' is not a number")
+        try:
+            arch = json.loads(row["arch"])
+        except json.JSONDecodeError:
+            arch = None
+        if not isinstance(arch, dict):
+            raise ConfigError(f"{where}: arch is not a JSON object")
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- hypervolume
+
+def _flip(values: Sequence[float], objectives: Sequence[str]) -> np.ndarray:
+    """Natural units <-> minimisation form: negating maximised metrics is its own inverse."""
+    return minimisation_matrix([dict(zip(objectives, values))], objectives)[0]
+
+
+def reference_point(rows: Sequence[dict], objectives: Sequence[str]) -> dict[str, float] | None:
+    """The reference point of REFERENCE_RULE in natural (trials.csv) units; None without rows."""
+    if not rows:
+        return None
+    F = minimisation_matrix(rows, objectives)
+    worst, span = F.max(axis=0), np.ptp(F, axis=0)
+    pad = np.where(span > 0, 0.1 * span, np.where(worst != 0, 0.1 * np.abs(worst), 1.0))
+    return dict(zip(objectives, _flip(worst + pad, objectives).tolist()))
+
+
+def hypervolume(F: np.ndarray, ref: Sequence[float]) -> float:
+    """Volume dominated by the rows of F (minimisation) and bounded by `ref`. Exact sweep
+    for two objectives; pymoo's HV for more. Points not better than `ref` in every
+    objective add nothing."""
+    ref = np.asarray(ref, dtype=float)
+    F = np.asarray(F, dtype=float).reshape(-1, len(ref))
+    F = F[np.all(F < ref, axis=1)]
+    if not len(F):
+        return 0.0
+    if len(ref) == 2:
+        volume, ceiling = 0.0, ref[1]
+        for f1, f2 in sorted(map(tuple, F)):
+            if f2 < ceiling:
+                volume += (ref[0] - f1) * (ceiling - f2)
+                ceiling = f2
+        return float(volume)
+    from pymoo.indicators.hv import HV
+
+    return float(HV(ref_point=ref)(F))
+
+
+def run_hypervolume(run: Run, ref: dict[str, float]) -> float:
+    objectives = run.objectives
+    if not run.feasible:
+        return 0.0
+    return hypervolume(minimisation_matrix(run.feasible, objectives), _flip([ref[o] for o in objectives], objectives))
+
+
+def hypervolume_history(run: Run, ref: dict[str, float]) -> list[float]:
+    """Hypervolume of the feasible trials among the first k, for k = 1 .. all trials."""
+    objectives = run.objectives
+    r = _flip([ref[o] for o in objectives], objectives)
+    history, seen = [], []
+    for t in run.trials:
+        if t["feasible"]:
+            seen.append(t)
+        history.append(hypervolume(minimisation_matrix(seen, objectives), r) if seen else 0.0)
+    return history
+
+
+# ---------------------------------------------------------------- summaries
+
+def best(rows: Sequence[dict], metrics: Sequence[str]) -> dict[str, dict]:
+    """Best value of each metric over `rows` (in its direction) and the trial holding it."""
+    out = {}
+    for m in metrics:
+        have = [r for r in rows if isinstance(r.get(m), (int, float)) and not isinstance(r.get(m), bool)]
+        if have:
+            pick = (max if METRICS[m] == "max" else min)(have, key=lambda r: r[m])
+            out[m] = {"value": pick[m], "trial": pick["trial"]}
+    return out
+
+
+def _stored_reference(run: Run) -> tuple[dict[str, float], str] | None:
+    path = run.path / SUMMARY_FILE
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError(f"{path}: not valid JSON; delete it to have it written afresh") from None
+    if not isinstance(doc, dict):
+        return None
+    ref = doc.get("reference_point")
+    if (doc.get("objectives") != run.objectives or doc.get("trials") != len(run.trials)
+            or not isinstance(ref, dict)):
+        return None
+    if not all(isinstance(ref.get(o), (int, float)) and math.isfinite(ref[o]) for o in run.objectives):
+        raise ConfigError(f"{path}: reference_point needs a number for each of {', '.join(run.objectives)}")
+    return {o: float(ref[o]) for o in run.objectives}, str(doc.get("reference_rule", "stored"))
+
+
+def summarise(run: Run) -> dict:
+    """Settings, counts, reference point, hypervolume and per-metric best of one run."""
+    stored = _stored_reference(run)
+    ref, rule = stored if stored else (reference_point(run.feasible, run.objectives), REFERENCE_RULE)
+    cfg = run.config
+    return {"run": run.id, "path": str(run.path),
+            **{k: cfg.get(k) for k in ("space", "device", "dataset", "strategy", "seed", "budget", "epochs")},
+            "created": str(cfg.get("created", "")), "objectives": run.objectives,
+            "trials": len(run.trials), "feasible": len(run.feasible), "front_size": len(run.front),
+            "reference_point": ref, "reference_rule": rule,
+            "hypervolume": None if ref is None else run_hypervolume(run, ref),
+            "best": best(run.feasible, [m for m in METRICS if m in (run.trials[0] if run.trials else {})])}
+
+
+def write_summary(run_dir: str | Path | Run) -> dict:
+    """Summarise a run and store it as summary.json in its folder; returns the summary."""
+    run = run_dir if isinstance(run_dir, Run) else load(run_dir)
+    summary = summarise(run)
+    (run.path / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+def list_runs() -> list[dict]:
+    """A summary of every run folder under the workspace's runs/, oldest first; a run that
+    cannot be read is listed with its problem."""
+    folder = workspace.runs_folder()
+    rows = []
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if (path / "trials.csv").is_file():
+            try:
+                rows.append(summarise(load(path)))
+            except UsageError as e:  # config and trials.csv problems included
+                rows.append({"run": path.name, "path": str(path), "problem": str(e)})
+    return sorted(rows, key=lambda r: (r.get("created") or "", r["run"]))
+
+
+def compare(runs: Sequence[Run], baseline: Run, min_ratio: float | None = None) -> dict:
+    """Every run's hypervolume at the baseline's stored reference point, its ratio to the
+    baseline's, and whether it meets `min_ratio`."""
+    if min_ratio is not None and not (math.isfinite(min_ratio) and min_ratio > 0):
+        raise UsageError(f"--min-hv-ratio {min_ratio:g} is not allowed; give a positive number such as 0.9")
+    objectives = baseline.objectives
+    for r in runs:
+        if set(r.objectives) != set(objectives):
+            raise UsageError(f"run '{r.name}' optimises {','.join(r.objectives)} but baseline '{baseline.name}' "
+                             f"optimises {','.join(objectives)}; compare runs with the same objectives")
+    base = write_summary(baseline)
+    ref = base["reference_point"]
+    if ref is None:
+        raise UsageError(f"baseline '{baseline.name}' has no feasible trial, so no hypervolume to compare with")
+    hv_base = base["hypervolume"]
+    if hv_base <= 0:
+        raise UsageError(f"baseline '{baseline.name}' has hypervolume 0 at its reference point "
+                         f"{base['reference_point']}; no trial is better than it in every objective")
+    rows = []
+    for r in [baseline, *(r for r in runs if r.path.resolve() != baseline.path.resolve())]:
+        hv = run_hypervolume(r, ref)
+        ratio = hv / hv_base
+        rows.append({"run": r.name, "path": str(r.path), "baseline": r is baseline,
+                     **{k: r.config.get(k) for k in ("space", "device", "strategy", "seed")},
+                     "trials": len(r.trials), "feasible": len(r.feasible), "front_size": len(r.front),
+                     "hypervolume": hv, "hv_ratio": ratio, "best": best(r.feasible, objectives),
+                     "passed": None if min_ratio is None or r is baseline else ratio >= min_ratio})
+    return {"objectives": objectives, "reference_point": ref,
+            "reference_source": f"baseline '{baseline.name}', stored in {baseline.path / SUMMARY_FILE}",
+            "reference_rule": base["reference_rule"], "baseline": baseline.name, "min_hv_ratio": min_ratio,
+            "runs": rows, "passed": all(r["passed"] is not False for r in rows)}
+
+
+# ---------------------------------------------------------------- export and plots
+
+def export_rows(run: Run, front_only: bool = False) -> list[dict]:
+    """Trials (or the front) with the architecture decoded into `arch.<knob>` columns."""
+    rows = []
+    for t in run.front if front_only else run.trials:
+        arch = {f"arch.{k}": v for k, v in json.loads(t["arch"]).items()}
+        rows.append({"trial": t["trial"], **arch, **{k: v for k, v in t.items() if k not in ("trial", "arch")}})
+    return rows
+
+
+def write_export(rows: Sequence[dict], fmt: str, out: io.TextIOBase) -> None:
+    if fmt == "json":
+        out.write(json.dumps(list(rows), indent=2) + "\n")
+        return
+    columns = list(dict.fromkeys(c for r in rows for c in r))
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(columns)
+    for r in rows:
+        w.writerow([cell(r.get(c)) for c in columns])
+
+
+def display(metric: str, value: float, named: bool = False) -> str:
+    """A metric value in its on-screen unit, e.g. `3.76 µJ·µs` (`EDP 3.76 µJ·µs` if named)."""
+    name, unit, factor = DISPLAY[metric]
+    text = f"{value * factor:.4g} {unit}" if unit else f"{value * factor:,.0f}"
+    return f"{name} {text}" if named else text
+
+
+def describe_reference(ref: dict[str, float] | None) -> str:
+    if ref is None:
+        return "none (no feasible trial)"
+    return ", ".join(display(o, v, named=True) for o, v in ref.items())
+
+
+def hypervolume_units(objectives: Sequence[str]) -> tuple[str, float]:
+    """Unit of a hypervolume shown in on-screen units, and the factor from trials.csv units."""
+    units = [DISPLAY[o][1] or DISPLAY[o][0] for o in objectives]  # counts: the metric's name
+    return " × ".join(units), math.prod(DISPLAY[o][2] for o in objectives)
+
+
+def _axis_label(metric: str) -> str:
+    name, unit, _ = DISPLAY[metric]
+    return f"{name}{f' ({unit})' if unit else ''}, {'higher' if METRICS[metric] == 'max' else 'lower'} is better"
+
+
+def _dominated_region(front: Sequence[dict], objectives: Sequence[str], ref: dict[str, float]):
+    """Outline (x values, y values, natural units) of the area the 2-objective front
+    dominates up to the reference point: a staircase closed through the reference point."""
+    r = _flip([ref[o] for o in objectives], objectives)
+    F = minimisation_matrix(front, objectives)
+    F = F[np.lexsort((F[:, 1], F[:, 0]))]
+    F = F[np.all(F < r, axis=1)]
+    corners = [(F[0, 0], r[1])] if len(F) else []
+    for i, (f1, f2) in enumerate(F):
+        corners.append((f1, f2))
+        corners.append((F[i + 1, 0] if i + 1 < len(F) else r[0], f2))
+    corners.append((r[0], r[1]))
+    natural = [_flip(c, objectives) for c in corners]
+    return [c[0] for c in natural], [c[1] for c in natural]
+
+
+def plot(run: Run, out_dir: Path | None = None) -> list[Path]:
+    """Write pareto.png (first two objectives) and hypervolume.png into `out_dir`
+    (default: the run folder's plots/); returns their paths."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not run.trials:
+        raise UsageError(f"run '{run.name}' has no trials yet; nothing to plot")
+    out_dir = Path(out_dir) if out_dir is not None else run.path / "plots"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarise(run)
+    ref = summary["reference_point"]
+    x, y = run.objectives[:2]
+    sx, sy = DISPLAY[x][2], DISPLAY[y][2]
+
+    fig = Figure(figsize=(7, 5), dpi=120, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for rows, label, marker in ((run.feasible, "feasible trial", "o"),
+                                ([t for t in run.trials if not t["feasible"]], "infeasible trial", "x")):
+        if rows:
+            ax.scatter([t[x] * sx for t in rows], [t[y] * sy for t in rows], c="0.65", marker=marker, s=22,
+                       label=label, zorder=2)
+    front = sorted(run.front, key=lambda t: t[x])
+    if front:
+        fx, fy = [t[x] * sx for t in front], [t[y] * sy for t in front]
+        if len(run.objectives) == 2 and ref is not None:
+            rx, ry = _dominated_region(front, run.objectives, ref)
+            ax.fill([v * sx for v in rx], [v * sy for v in ry], color="tab:blue", alpha=0.12, lw=0, zorder=1,
+                    label="dominated, up to the reference point")
+            ax.plot([v * sx for v in rx[1:-2]], [v * sy for v in ry[1:-2]], c="tab:blue", lw=1.2, zorder=3)
+        ax.scatter(fx, fy, c="tab:blue", s=40, zorder=4, edgecolors="white", linewidths=0.6,
+                   label=f"Pareto front ({len(front)})")
+        if len(front) <= 15:
+            for t, px, py in zip(front, fx, fy):
+                ax.annotate(f"#{t['trial']}", (px, py), textcoords="offset points", xytext=(5, 4), fontsize=8,
+                            color="tab:blue")
+    if ref is not None:
+        ax.scatter([ref[x] * sx], [ref[y] * sy], marker="*", s=90, c="tab:red", zorder=4,
+                   label="hypervolume reference point")
+    for metric, scale, set_scale in ((x, sx, ax.set_xscale), (y, sy, ax.set_yscale)):
+        values = [t[metric] for t in run.trials]
+        if min(values) > 0 and max(values) >= 20 * min(values):  # spans decades: log axis
+            set_scale("log")
+    ax.set_xlabel(_axis_label(x))
+    ax.set_ylabel(_axis_label(y))
+    shown = "" if len(run.objectives) == 2 else f" (of {', '.join(run.objectives)})"
+    ax.set_title(f"{run.id}: {len(run.trials)} trials, {len(run.front)} on the front{shown}", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.legend(fontsize=8, loc="outside lower center", ncols=2, frameon=False)
+    pareto_png = out_dir / "pareto.png"
+    fig.savefig(pareto_png)
+
+    fig = Figure(figsize=(7, 4), dpi=120, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    units, factor = hypervolume_units(run.objectives)
+    history = [h * factor for h in hypervolume_history(run, ref)] if ref is not None else [0.0] * len(run.trials)
+    ax.step(range(1, len(history) + 1), history, where="post", c="tab:blue")
+    ax.plot(range(1, len(history) + 1), history, "o", c="tab:blue", ms=3)
+    ax.set_xlabel("trials evaluated")
+    ax.set_ylabel(f"hypervolume ({units})")
+    ax.set_title(f"{run.id}: hypervolume of the feasible trials so far\nreference point: {describe_reference(ref)}", fontsize=10)
+    ax.set_xlim(0.5, len(history) + 0.5)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    hv_png = out_dir / "hypervolume.png"
+    fig.savefig(hv_png)
+    return [pareto_png, hv_png]
