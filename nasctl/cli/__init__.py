@@ -13,7 +13,7 @@ from typer.core import TyperGroup
 
 from .. import __version__, workspace
 from ..errors import NasctlError
-from . import hw, search, space
+from . import hw, hw_lut, predict, runs, search, space  # noqa: F401 - hw_lut adds `hw lut`
 
 
 class NasctlGroup(TyperGroup):
@@ -67,8 +67,10 @@ def _root(
 
 
 app.command("search")(search.search)
+app.command("predict")(predict.predict)
 app.add_typer(space.app, name="space")
 app.add_typer(hw.app, name="hw")
+app.add_typer(runs.app, name="runs")
 
 
 def main() -> None:

@@ -116,15 +116,23 @@ class _Progress:
 
 
 def _front_table(front: list[dict], objectives: list[str]) -> Table:
+    """The front, with only the columns that mean something for this search."""
+    archs = [json.loads(row["arch"]) for row in front]
+    exit_cols = [k for k in (front[0] if front else {}) if k.startswith("exit_rate_")]
+    cols: list[tuple[str, callable]] = [
+        ("trial", lambda r, a: str(r["trial"])), ("acc %", lambda r, a: f"{r['accuracy']:.1f}"),
+        ("latency ms", lambda r, a: f"{r['latency_ms']:.4g}")]
+    if any(r["energy_mj"] is not None for r in front):
+        cols += [("energy mJ", lambda r, a: f"{r['energy_mj']:.4g}"), ("EDP mJ·ms", lambda r, a: f"{r['edp']:.4g}")]
+    cols.append(("params", lambda r, a: f"{r['params']:,}"))
+    if any("backbone_bits" in a for a in archs):
+        cols.append(("bits b/e", lambda r, a: f"{a.get('backbone_bits', '-')}/{a.get('exit_bits', '-')}"))
+    if len(exit_cols) > 1:
+        cols.append(("exits taken", lambda r, a: " ".join(
+            f"{k.removeprefix('exit_rate_')}:{r[k]:.0%}" for k in exit_cols if r[k] > 0)))
     table = Table(title=f"Pareto front ({', '.join(objectives)})")
-    for col in ("trial", "acc %", "lat µs", "E µJ", "EDP µJ·µs", "params", "bits b/e", "exits taken"):
-        table.add_column(col, justify="left" if col == "exits taken" else "right")
-    for row in front:
-        arch = json.loads(row["arch"])
-        rates = " ".join(f"{k.removeprefix('exit_rate_')}:{v:.0%}" for k, v in row.items()
-                         if k.startswith("exit_rate_") and v > 0)
-        table.add_row(str(row["trial"]), f"{row['accuracy']:.1f}", f"{row['latency_ms'] * 1e3:.3g}",
-                      "n/a" if row["energy_mj"] is None else f"{row['energy_mj'] * 1e3:.3g}",
-                      "n/a" if row["edp"] is None else f"{row['edp'] * 1e6:.3g}", f"{row['params']:,}",
-                      f"{arch.get('backbone_bits', '-')}/{arch.get('exit_bits', '-')}", rates)
+    for name, _ in cols:
+        table.add_column(name, justify="left" if name == "exits taken" else "right")
+    for row, arch in zip(front, archs):
+        table.add_row(*(fmt(row, arch) for _, fmt in cols))
     return table

@@ -1,0 +1,774 @@
+"""Import an ONNX model as the `LayerSpec`s a cost model prices.
+
+The model is parsed once, its input shapes fixed (a dynamic dimension needs a shape from
+the caller), and its tensor shapes found by ONNX shape inference (strict mode; where that
+fails, lenient mode, and the failure is noted).  Then every node goes, in graph order, to
+the handler its op type names in a table (`HANDLERS`, which callers may extend or
+override: `import_onnx(path, handlers={**HANDLERS, "TopK": my_handler})`).  A handler
+returns the node's layers (none for pure shape ops), or None when it cannot price the
+node.  A node without a handler, or one its handler refuses, is counted in
+`ImportResult.unsupported` - never dropped silently.
+
+What runtimes fuse is fused here too:
+  - batch norm after a conv (or linear) is folded into it, and so is a bias `Add`;
+  - an activation right after a conv or linear becomes its `fn` (no layer of its own);
+  - multi-node patterns become one node before the handlers see them (`PATTERNS`):
+    Erf-based GELU (Div/Erf/Add/Mul/Mul), HardSwish as HardSigmoid*x or x*Clip(x+3)/6,
+    Swish as x*Sigmoid(x), and layer norm spelled ReduceMean/Sub/Pow/ReduceMean/Add/
+    Sqrt/Div(/Mul/Add).
+  - Nodes that compute only on constants (weights, shapes) cost nothing: runtimes fold
+    them when they load the model.  QuantizeLinear/DequantizeLinear cost nothing either:
+    they set the bit widths of the layers they feed.
+
+Tensors map to layers as channels x (H, W): rank 4 and up is NCHW (further dims folded
+into W), rank 3 and below is channels-last, [B, T, C] -> C x (T, 1).  Every input must
+have batch 1; a leading dim other than 1 inside the graph is folded into the positions,
+so element counts stay exact.  Bit widths come from the tensor type, or, for a tensor
+that comes out of a DequantizeLinear, from its zero point's type (int8/uint8 -> 8,
+int4/uint4 -> 4, int16 -> 16).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from math import prod
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from ..errors import UsageError
+from .layers import LayerSpec
+
+Shape = tuple[int, ...]
+
+_BITS = {getattr(TensorProto, name): bits for name, bits in [
+    ("FLOAT", 32), ("DOUBLE", 64), ("FLOAT16", 16), ("BFLOAT16", 16), ("INT32", 32), ("UINT32", 32),
+    ("INT16", 16), ("UINT16", 16), ("INT8", 8), ("UINT8", 8), ("INT4", 4), ("UINT4", 4), ("INT2", 2),
+    ("UINT2", 2), ("FLOAT8E4M3FN", 8), ("FLOAT8E4M3FNUZ", 8), ("FLOAT8E5M2", 8), ("FLOAT8E5M2FNUZ", 8),
+    ("FLOAT4E2M1", 4)] if hasattr(TensorProto, name)}
+
+# Layers that absorb a following batch norm, bias add or activation.
+_FUSES_INTO = ("conv", "conv_transpose", "linear")
+# Ops through which a tensor keeps its values (and so its quantization).
+_SAME_VALUES = frozenset({"DequantizeLinear", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+# Ops between a layer and what it fuses with that runtimes remove.
+_SEE_THROUGH = frozenset({"QuantizeLinear", "DequantizeLinear", "Identity"})
+
+
+@dataclass
+class Node:
+    """One ONNX node, or one node standing for a fused pattern of them."""
+
+    op_type: str
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+    members: tuple = ()  # the original nodes of a fused pattern
+
+
+@dataclass
+class ImportResult:
+    layers: list[LayerSpec]
+    unsupported: Counter  # op type -> nodes no handler priced
+    nodes: int            # nodes in the model's graph
+    inputs: dict[str, Shape]
+    notes: list[str]      # what the user should know about the import (one line each)
+
+
+class UnknownShape(Exception):
+    """Shape inference left a tensor a handler needs without a static shape."""
+
+
+class Graph:
+    """The model as handlers see it: shapes, bit widths, producers and consumers, and the
+    layers emitted so far (which later handlers may fuse into)."""
+
+    def __init__(self, model: onnx.ModelProto, nodes: list[Node], const: set[str]):
+        g = model.graph
+        self.const = const
+        self.shapes = _static_shapes(model)
+        self.types: dict[str, int] = {vi.name: vi.type.tensor_type.elem_type
+                                      for vi in (*g.input, *g.value_info, *g.output)}
+        self.types.update((init.name, init.data_type) for init in g.initializer)
+        self.outputs = {o.name for o in g.output}
+        self.nodes = nodes
+        self.producer, self.consumers = _links(nodes)
+        self.layers: list[LayerSpec] = []
+        self.layer_of: dict[str, int] = {}  # tensor -> index of the layer that produces it
+
+    # --- facts about tensors ---------------------------------------------------------
+
+    def shape(self, name: str) -> Shape:
+        s = self.shapes.get(name)
+        if s is None:
+            raise UnknownShape(name)
+        return s
+
+    def is_const(self, name: str) -> bool:
+        return name in self.const
+
+    def bits(self, name: str) -> int:
+        """Bit width of a tensor's values: from a DequantizeLinear's zero point (or its
+        quantized input) up the chain of value-preserving ops, else from its type."""
+        while (p := self.producer.get(name)) is not None and p.op_type in _SAME_VALUES:
+            if p.op_type == "DequantizeLinear":
+                zero_point = p.inputs[2] if len(p.inputs) > 2 and p.inputs[2] else p.inputs[0]
+                return _BITS.get(self.types.get(zero_point), 32)
+            name = p.inputs[0]
+        return _BITS.get(self.types.get(name), 32)
+
+    def activation(self, node: Node) -> str:
+        """The node's first non-constant input (its data)."""
+        return next((n for n in node.inputs if n and not self.is_const(n)), node.inputs[0])
+
+    # --- building and fusing layers --------------------------------------------------
+
+    def layer(self, op: str, node: Node, x: str, y: str, *, x_shape: Optional[str] = None, spatial: bool = False,
+              **kw) -> LayerSpec:
+        """A weightless layer reading tensor `x` and writing `y`, its input dims those of
+        `x_shape` (default `x`); `spatial`: NCHW tensors of a conv-like op, where rank 3 is
+        N, C, L.  `kw` overrides LayerSpec fields."""
+        to_chw = _spatial if spatial else chw
+        (cin, in_hw), (cout, out_hw) = to_chw(self.shape(x_shape or x)), to_chw(self.shape(y))
+        bits = self.bits(x)
+        fields = dict(op=op, in_ch=cin, out_ch=cout, in_hw=in_hw, out_hw=out_hw, w_bits=bits, a_bits=bits,
+                      name=node.name)
+        return LayerSpec(**{**fields, **kw})
+
+    def fuse(self, node: Node, x: Optional[str] = None, **changes) -> bool:
+        """Fold `node` into the conv or linear layer producing its input `x` (default: its
+        first input), applying `changes`; False if that is not possible."""
+        i = self._fusable_layer(x if x is not None else node.inputs[0])
+        if i is None:
+            return False
+        self.layers[i] = replace(self.layers[i], **changes)
+        for name in node.outputs:
+            self.layer_of[name] = i
+        return True
+
+    def _fusable_layer(self, name: str) -> Optional[int]:
+        """The conv/linear layer whose output reaches only the asking node (through ops
+        runtimes remove), if it has no activation yet."""
+        while len(self.consumers.get(name, ())) == 1 and name not in self.outputs:
+            if name in self.layer_of:
+                i = self.layer_of[name]
+                layer = self.layers[i]
+                return i if layer.op in _FUSES_INTO and not layer.fn else None
+            p = self.producer.get(name)
+            if p is None or p.op_type not in _SEE_THROUGH:
+                return None
+            name = p.inputs[0]
+        return None
+
+
+def _links(nodes: list[Node]) -> tuple[dict[str, Node], dict[str, list[Node]]]:
+    """Each tensor's producer, and the nodes reading it (each once)."""
+    producer = {o: n for n in nodes for o in n.outputs}
+    consumers: dict[str, list[Node]] = {}
+    for n in nodes:
+        for name in dict.fromkeys(n.inputs):
+            if name:
+                consumers.setdefault(name, []).append(n)
+    return producer, consumers
+
+
+def chw(shape: Shape) -> tuple[int, tuple[int, int]]:
+    """channels x (H, W) of a tensor; see the module docstring."""
+    s = shape
+    if len(s) >= 4:
+        return s[1], (s[2], prod(s[3:]) * s[0])
+    if len(s) == 3:
+        return s[2], (s[1], s[0])
+    if len(s) == 2:
+        return s[1], (s[0], 1)
+    return (s[0] if s else 1), (1, 1)
+
+
+def _spatial(shape: Shape) -> tuple[int, tuple[int, int]]:
+    """channels x (H, W) of an N, C, H[, W] tensor (1-D and 2-D convs and pools)."""
+    return shape[1], (shape[2], shape[3] if len(shape) == 4 else 1)
+
+
+def _rows(shape: Shape) -> tuple[int, int]:
+    """Positions of a matrix product's output [..., M, N] as (M, product of the rest)."""
+    if len(shape) < 2:
+        return (1, 1)
+    return shape[-2], prod(shape[:-2])
+
+
+def _pair(values: Sequence[int]) -> tuple[int, int]:
+    values = tuple(values)
+    return (values + (1,))[:2] if len(values) < 2 else (values[0], values[1])
+
+
+# --- handlers ------------------------------------------------------------------------
+
+Handler = Callable[[Node, Graph], Optional[list[LayerSpec]]]
+
+
+def _conv(node: Node, g: Graph) -> Optional[list[LayerSpec]]:
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    ws = g.shape(w)
+    if len(ws) not in (3, 4):
+        return None  # 3-D convolutions: no layer kind for them
+    return [g.layer("conv", node, x, y, spatial=True, kernel=_pair(ws[2:]), groups=node.attrs.get("group", 1),
+                    stride=node.attrs.get("strides", [1])[0], w_bits=g.bits(w), a_bits=g.bits(x))]
+
+
+def _conv_transpose(node: Node, g: Graph) -> Optional[list[LayerSpec]]:
+    layers = _conv(node, g)
+    return layers and [replace(layers[0], op="conv_transpose")]
+
+
+def _qlinear_conv(node: Node, g: Graph) -> Optional[list[LayerSpec]]:
+    # x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point[, B]
+    x, w = node.inputs[0], node.inputs[3]
+    return _conv(Node("Conv", node.name, [x, w], node.outputs, node.attrs), g)
+
+
+def _product(node: Node, g: Graph, a: str, b: str, *, trans_a: bool = False) -> list[LayerSpec]:
+    """A matrix product [..., M, K] @ [..., K, N]: `linear` when one side is a weight,
+    `matmul` when both are activations."""
+    sa, out = g.shape(a), g.shape(node.outputs[0])
+    k = sa[-2] if trans_a else sa[-1]
+    if g.is_const(a) and not g.is_const(b):  # W[M, K] @ X[..., K, N]: N positions, M outputs each
+        rows = (out[-1], prod(out[:-2]))
+        return [LayerSpec("linear", k, out[-2], rows, rows, w_bits=g.bits(a), a_bits=g.bits(b), name=node.name)]
+    rows = _rows(out)
+    op = "linear" if g.is_const(b) else "matmul"
+    return [LayerSpec(op, k, out[-1] if out else 1, rows, rows, w_bits=g.bits(b), a_bits=g.bits(a),
+                      name=node.name)]
+
+
+def _matmul(node: Node, g: Graph) -> list[LayerSpec]:
+    return _product(node, g, node.inputs[0], node.inputs[1])
+
+
+def _gemm(node: Node, g: Graph) -> list[LayerSpec]:
+    return _product(node, g, node.inputs[0], node.inputs[1], trans_a=bool(node.attrs.get("transA", 0)))
+
+
+def _qlinear_matmul(node: Node, g: Graph) -> list[LayerSpec]:
+    # a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point
+    return _product(node, g, node.inputs[0], node.inputs[3])
+
+
+def _batch_norm(node: Node, g: Graph) -> list[LayerSpec]:
+    if g.fuse(node):
+        return []
+    return [g.layer("norm", node, node.inputs[0], node.outputs[0], fn="batch")]
+
+
+def _norm(fn: str) -> Handler:
+    def handle(node: Node, g: Graph) -> list[LayerSpec]:
+        return [g.layer("norm", node, node.inputs[0], node.outputs[0], fn=fn)]
+    return handle
+
+
+def _activation(fn: str) -> Handler:
+    def handle(node: Node, g: Graph) -> list[LayerSpec]:
+        if g.fuse(node, fn=fn):
+            return []
+        return [g.layer("act", node, node.inputs[0], node.outputs[0], fn=fn)]
+    return handle
+
+
+def _binary(op: str, fn: str = "", bias: bool = False) -> Handler:
+    """Element-wise binary op; with `bias`, a constant operand after a conv or linear
+    is folded into it."""
+    def handle(node: Node, g: Graph) -> list[LayerSpec]:
+        x = g.activation(node)
+        if bias and any(g.is_const(n) for n in node.inputs) and g.fuse(node, x):
+            return []
+        return [g.layer(op, node, x, node.outputs[0], x_shape=node.outputs[0], fn=fn)]
+    return handle
+
+
+def _concat(node: Node, g: Graph) -> list[LayerSpec]:
+    return [g.layer("concat", node, g.activation(node), node.outputs[0], x_shape=node.outputs[0])]
+
+
+def _split(node: Node, g: Graph) -> list[LayerSpec]:
+    return [g.layer("split", node, node.inputs[0], node.inputs[0])]
+
+
+def _pool(fn: str, global_: bool = False) -> Handler:
+    def handle(node: Node, g: Graph) -> Optional[list[LayerSpec]]:
+        x = node.inputs[0]
+        if len(g.shape(x)) not in (3, 4):
+            return None  # 3-D pooling
+        kernel = _spatial(g.shape(x))[1] if global_ else _pair(node.attrs["kernel_shape"])
+        return [g.layer("pool", node, x, node.outputs[0], spatial=True, kernel=kernel, fn=fn,
+                        stride=1 if global_ else node.attrs.get("strides", [1])[0])]
+    return handle
+
+
+def _reduce(fn: str) -> Handler:
+    """ReduceMean/ReduceMax: a pool over the reduced positions."""
+    def handle(node: Node, g: Graph) -> list[LayerSpec]:
+        layer = g.layer("pool", node, node.inputs[0], node.outputs[0], fn=fn)
+        kernel = tuple(max(1, i // o) for i, o in zip(layer.in_hw, layer.out_hw))
+        return [replace(layer, kernel=kernel)]
+    return handle
+
+
+def _resize(node: Node, g: Graph) -> list[LayerSpec]:
+    x = node.inputs[0]
+    return [g.layer("resize", node, x, node.outputs[0], spatial=len(g.shape(x)) in (3, 4),
+                    fn=node.attrs.get("mode", b"nearest").decode())]
+
+
+def _unary(op: str, fn: str = "") -> Handler:
+    def handle(node: Node, g: Graph) -> list[LayerSpec]:
+        return [g.layer(op, node, g.activation(node), node.outputs[0], fn=fn)]
+    return handle
+
+
+def _nothing(node: Node, g: Graph) -> list[LayerSpec]:
+    return []
+
+
+HANDLERS: dict[str, Handler] = {
+    "Conv": _conv, "ConvTranspose": _conv_transpose, "QLinearConv": _qlinear_conv, "ConvInteger": _conv,
+    "Gemm": _gemm, "MatMul": _matmul, "QLinearMatMul": _qlinear_matmul, "MatMulInteger": _matmul,
+    "BatchNormalization": _batch_norm, "LayerNormalization": _norm("layer"),
+    "InstanceNormalization": _norm("instance"), "GroupNormalization": _norm("group"),
+    **{op: _activation(fn) for op, fn in [
+        ("Relu", "relu"), ("Clip", "clip"), ("HardSwish", "hardswish"), ("HardSigmoid", "hardsigmoid"),
+        ("Sigmoid", "sigmoid"), ("Tanh", "tanh"), ("Gelu", "gelu"), ("LeakyRelu", "leakyrelu"),
+        ("PRelu", "prelu"), ("Elu", "elu"), ("Selu", "selu"), ("Softplus", "softplus"), ("Mish", "mish"),
+        ("Swish", "swish")]},
+    # Element-wise math outside the patterns above: stand-alone activations.
+    **{op: _unary("act", op.lower()) for op in ("Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Erf", "Pow")},
+    "Add": _binary("add", bias=True), "Sub": _binary("add", "sub"), "Mul": _binary("mul"),
+    "Div": _binary("mul", "div"),
+    "Concat": _concat, "Split": _split,
+    "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
+    "GlobalMaxPool": _pool("max", global_=True), "GlobalAveragePool": _pool("avg", global_=True),
+    "ReduceMean": _reduce("avg"), "ReduceMax": _reduce("max"),
+    "Resize": _resize, "Upsample": _resize, "Softmax": _unary("softmax"),
+    **{op: _unary("data", op.lower()) for op in
+       ("Transpose", "Gather", "Slice", "Pad", "Expand", "Tile", "Cast", "DepthToSpace", "SpaceToDepth")},
+    # Views and quantization glue; Shape, Size and Constant compute on what is known at
+    # load time and never reach a handler.
+    **{op: _nothing for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout",
+                               "QuantizeLinear", "DequantizeLinear")},
+}
+
+
+# --- fused patterns ------------------------------------------------------------------
+
+class _Patterns:
+    """Pattern matching over the original nodes."""
+
+    def __init__(self, nodes: list[Node], const: set[str]):
+        self.const = const
+        self.producer, self.consumers = _links(nodes)
+
+    def of(self, name: str, *ops: str) -> Optional[Node]:
+        """The producer of `name` if its op is one of `ops`."""
+        p = self.producer.get(name)
+        return p if p is not None and p.op_type in ops else None
+
+    def next(self, node: Node, *ops: str) -> Optional[Node]:
+        """The only consumer of `node`'s output, if its op is one of `ops`."""
+        users = self.consumers.get(node.outputs[0], [])
+        return users[0] if len(users) == 1 and users[0].op_type in ops else None
+
+    def other(self, node: Node, name: str) -> Optional[str]:
+        """`node`'s input that is not `name` (binary ops)."""
+        rest = [i for i in node.inputs if i != name]
+        return rest[0] if len(rest) == 1 else None
+
+    def with_const(self, node: Optional[Node], name: str) -> bool:
+        """`node` combines `name` with a constant."""
+        return node is not None and self.other(node, name) in self.const
+
+
+Pattern = Callable[[_Patterns, Node], Optional[tuple[str, str, list[Node]]]]
+
+
+def _erf_gelu(p: _Patterns, erf: Node):
+    """x * 0.5 * (1 + erf(x / sqrt 2)), as torch exports nn.GELU before opset 20."""
+    if erf.op_type != "Erf" or (scale := p.of(erf.inputs[0], "Div", "Mul")) is None:
+        return None
+    x = scale.inputs[0]
+    add = p.next(erf, "Add")
+    if not p.with_const(scale, x) or not p.with_const(add, erf.outputs[0]):
+        return None
+    mul = p.next(add, "Mul")
+    if mul is None:
+        return None
+    other = p.other(mul, add.outputs[0])
+    if other == x:  # (x * (1 + erf)) * 0.5
+        half = p.next(mul, "Mul")
+        return ("Gelu", x, [scale, erf, add, mul, half]) if p.with_const(half, mul.outputs[0]) else None
+    half = p.of(other, "Mul") if other else None  # (x * 0.5) * (1 + erf)
+    return ("Gelu", x, [scale, erf, add, half, mul]) if p.with_const(half, x) else None
+
+
+def _hard_swish(p: _Patterns, node: Node):
+    """x * HardSigmoid(x), or x * Clip(x + 3, 0, 6) / 6 (in either order)."""
+    if node.op_type == "HardSigmoid":
+        x, mul = node.inputs[0], p.next(node, "Mul")
+        return ("HardSwish", x, [node, mul]) if mul is not None and p.other(mul, node.outputs[0]) == x else None
+    if node.op_type != "Clip" or (shift := p.of(node.inputs[0], "Add")) is None:
+        return None
+    x = next((i for i in shift.inputs if i not in p.const), None)
+    first = p.next(node, "Div", "Mul")
+    second = p.next(first, "Div", "Mul") if first is not None else None
+    if x is None or second is None or not p.with_const(shift, x):
+        return None
+    if p.with_const(first, node.outputs[0]) and p.other(second, first.outputs[0]) == x:
+        return ("HardSwish", x, [shift, node, first, second])
+    if p.other(first, node.outputs[0]) == x and p.with_const(second, first.outputs[0]):
+        return ("HardSwish", x, [shift, node, first, second])
+    return None
+
+
+def _swish(p: _Patterns, sig: Node):
+    """x * Sigmoid(x) (SiLU), as torch exports nn.SiLU."""
+    if sig.op_type != "Sigmoid":
+        return None
+    x, mul = sig.inputs[0], p.next(sig, "Mul")
+    return ("Swish", x, [sig, mul]) if mul is not None and p.other(mul, sig.outputs[0]) == x else None
+
+
+def _layer_norm(p: _Patterns, mean: Node):
+    """(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) [* gamma] [+ beta]."""
+    if mean.op_type != "ReduceMean":
+        return None
+    x = mean.inputs[0]
+    users = p.consumers.get(mean.outputs[0], [])
+    sub = next((n for n in users if n.op_type == "Sub" and n.inputs == [x, mean.outputs[0]]), None)
+    if sub is None:
+        return None
+    d = sub.outputs[0]
+    users = p.consumers.get(d, [])
+    square = next((n for n in users if n.op_type == "Pow" or (n.op_type == "Mul" and n.inputs == [d, d])), None)
+    if square is None or (var := p.next(square, "ReduceMean")) is None:
+        return None
+    eps = p.next(var, "Add")
+    if not p.with_const(eps, var.outputs[0]) or (root := p.next(eps, "Sqrt")) is None:
+        return None
+    div = p.next(root, "Div")
+    if div is None or div.inputs != [d, root.outputs[0]]:
+        return None
+    members = [mean, sub, square, var, eps, root, div]
+    for op in ("Mul", "Add"):  # the affine part
+        nxt = p.next(members[-1], op)
+        if p.with_const(nxt, members[-1].outputs[0]):
+            members.append(nxt)
+    return ("LayerNormalization", x, members)
+
+
+PATTERNS: list[Pattern] = [_layer_norm, _erf_gelu, _hard_swish, _swish]
+
+
+def _fuse_patterns(nodes: list[Node], const: set[str], patterns: Sequence[Pattern], outputs: set[str]) -> list[Node]:
+    """`nodes` with each matched pattern replaced by one node (at its last member's place)."""
+    p = _Patterns(nodes, const)
+    index = {id(n): i for i, n in enumerate(nodes)}
+    taken: dict[int, Node] = {}  # id of an original node -> the fused node replacing it
+    for pattern in patterns:
+        for node in nodes:
+            if id(node) in taken or not (match := pattern(p, node)):
+                continue
+            op, x, members = match
+            ids = {id(m) for m in members}
+            out = max(members, key=lambda m: index[id(m)]).outputs[0]
+            inner = [o for m in members for o in m.outputs if o != out]
+            if ids & taken.keys() or any(o in outputs or any(id(c) not in ids for c in p.consumers.get(o, []))
+                                          for o in inner):
+                continue  # overlaps another match, or an inner value is used elsewhere
+            fused = Node(op, members[0].name, [x], [out], members=tuple(members))
+            for m in members:
+                taken[id(m)] = fused
+    result = []
+    for node in nodes:
+        fused = taken.get(id(node))
+        if fused is None:
+            result.append(node)
+        elif index[id(node)] == max(index[id(m)] for m in fused.members):
+            result.append(fused)
+    return result
+
+
+# --- loading -------------------------------------------------------------------------
+
+def load_model(path: Path) -> onnx.ModelProto:
+    """Parse the file (weights kept on disk if stored apart); bad files fail in one line."""
+    from google.protobuf.message import Error as ProtobufError
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a folder, not an ONNX model") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read it: {e.strerror}") from None
+    except ProtobufError:
+        raise UsageError(f"{path}: not an ONNX model (it does not parse: truncated, or another format)") from None
+    g = model.graph
+    defined = {i.name for i in g.input} | {i.name for i in g.initializer} | {""}
+    problem = None
+    if model.ir_version <= 0 or not g.node:
+        problem = "no graph"
+    elif not g.output:
+        problem = "no graph outputs"
+    elif not model.opset_import:
+        problem = "no opset version"
+    else:
+        for node in g.node:
+            missing = next((i for i in node.input if i not in defined), None)
+            if missing is not None:
+                problem = f"node '{node.name or node.op_type}' reads undefined tensor '{missing}'"
+                break
+            defined.update(node.output)
+    if problem:
+        raise UsageError(f"{path}: not a complete ONNX model ({problem}; truncated?)")
+    return model
+
+
+def _fix_inputs(model: onnx.ModelProto, shapes: Mapping[Optional[str], Shape], path: Path) -> dict[str, Shape]:
+    """Give every graph input a static shape (from `shapes` where given); batch must be 1."""
+    g = model.graph
+    weights = {i.name for i in g.initializer}
+    inputs = [i for i in g.input if i.name not in weights]
+    names = [i.name for i in inputs]
+    shapes = dict(shapes)
+    if None in shapes:
+        if len(inputs) != 1:
+            raise UsageError(f"--input-shape: the model has inputs {', '.join(names)}; give NAME:SHAPE for each")
+        shapes[names[0]] = shapes.pop(None)
+    for name in shapes:
+        if name not in names:
+            raise UsageError(f"--input-shape: the model has no input '{name}'; its inputs: {', '.join(names)}")
+    fixed = {}
+    for inp in inputs:
+        dims = inp.type.tensor_type.shape.dim
+        current = [str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+        example = "x".join(d if d.isdigit() else "N" for d in current)
+        if inp.name in shapes:
+            shape = tuple(shapes[inp.name])
+            if dims and len(shape) != len(dims):
+                raise UsageError(f"--input-shape {inp.name}: {len(shape)} dims given; the input has {len(dims)} "
+                                 f"[{', '.join(current)}]")
+            del dims[:]
+            for v in shape:
+                inp.type.tensor_type.shape.dim.add().dim_value = v
+        elif not inp.type.tensor_type.HasField("shape") or not all(d.isdigit() for d in current):
+            raise UsageError(f"{path.name}: input '{inp.name}' has dynamic dims [{', '.join(current)}]; give them "
+                             f"with --input-shape {inp.name}:{example}")
+        else:
+            shape = tuple(int(d) for d in current)
+        if len(shape) >= 2 and shape[0] != 1:
+            ones = "x".join(["1", *map(str, shape[1:])])
+            raise UsageError(f"{path.name}: input '{inp.name}' has batch {shape[0]}; nasctl prices one input at "
+                             f"a time: give --input-shape {inp.name}:{ones}")
+        fixed[inp.name] = shape
+    return fixed
+
+
+def _infer(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
+    """Shape inference (strict, with data propagation); where it leaves a node's outputs
+    unknown because an input is computed from shapes in a way data propagation cannot
+    follow (e.g. Shape -> Gather -> Div -> Slice, as torch exports `chunk`), that input is
+    folded to a constant and inference runs again."""
+    strict = True
+    while True:
+        try:
+            model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=strict, data_prop=True)
+        except onnx.shape_inference.InferenceError as e:
+            notes.append(f"shape inference (strict) failed, shapes taken leniently: {' '.join(str(e).split())[:300]}")
+            strict = False
+            continue
+        known = _static_shapes(model)
+        values = _fold(model, known)
+        stuck = [n for n in model.graph.node if not all(known.get(o) is not None for o in n.output if o)]
+        wanted = {i for n in stuck for i in n.input if i in values}
+        replaced = [n for n in model.graph.node if n.output and all(o in values for o in n.output)
+                    and wanted & set(n.output)]
+        if not replaced:
+            return model
+        for node in replaced:
+            model.graph.node.remove(node)
+            model.graph.initializer.extend(numpy_helper.from_array(values[o], o) for o in node.output)
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, Optional[Shape]]:
+    shapes: dict[str, Optional[Shape]] = {}
+    for vi in (*model.graph.input, *model.graph.value_info, *model.graph.output):
+        t = vi.type.tensor_type
+        dims = t.shape.dim if t.HasField("shape") else None
+        ok = dims is not None and all(d.HasField("dim_value") for d in dims)
+        shapes[vi.name] = tuple(d.dim_value for d in dims) if ok else None
+    for init in model.graph.initializer:
+        shapes[init.name] = tuple(init.dims)
+    return shapes
+
+
+_SMALL = 4096  # elements: the most a folded shape computation may hold
+
+
+def _fold(model: onnx.ModelProto, shapes: Mapping[str, Optional[Shape]]) -> dict[str, "np.ndarray"]:
+    """Values of the small tensors computed from constants and shapes alone (nodes
+    of the default domain whose ops `_FOLD` knows); initializers are not returned."""
+    small = {i.name: i for i in model.graph.initializer
+             if prod(i.dims) <= _SMALL and i.data_location != TensorProto.EXTERNAL}
+    values: dict[str, np.ndarray] = {}
+
+    def value(name: str):
+        if name not in values and name in small:
+            values[name] = numpy_helper.to_array(small[name])
+        return values.get(name)
+
+    get = onnx.helper.get_attribute_value
+    for node in model.graph.node:
+        fold = _FOLD.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if fold is None:
+            continue
+        if node.op_type in ("Shape", "Size"):
+            if shapes.get(node.input[0]) is None:
+                continue
+            args = [np.array(shapes[node.input[0]], dtype=np.int64)]
+        else:
+            args = [value(i) if i else None for i in node.input]
+            if any(a is None for a, i in zip(args, node.input) if i):
+                continue
+        attrs = {a.name: get(a) for a in node.attribute}
+        try:
+            out = np.asarray(fold(attrs, *args))
+        except (ValueError, IndexError, TypeError, KeyError):
+            continue  # not foldable here: shape inference decides
+        if out.size <= _SMALL:
+            values[node.output[0]] = out
+    return {k: v for k, v in values.items() if k not in small}
+
+
+def _axes(attrs: dict, axes) -> Optional[list[int]]:
+    return [int(a) for a in (axes if axes is not None else attrs.get("axes", []))] or None
+
+
+def _slice(attrs, x, starts, ends, axes=None, steps=None):
+    index = [slice(None)] * x.ndim
+    axes = range(len(starts)) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    for a, b, e, st in zip(axes, starts, ends, steps):
+        index[int(a)] = slice(int(b), int(e), int(st))
+    return x[tuple(index)]
+
+
+def _reshape(attrs, x, shape):
+    target = [x.shape[i] if v == 0 and not attrs.get("allowzero", 0) else int(v) for i, v in enumerate(shape)]
+    return x.reshape(target)
+
+
+def _constant(attrs):
+    if "value" in attrs:
+        return numpy_helper.to_array(attrs["value"])
+    key = next(k for k in ("value_int", "value_ints", "value_float", "value_floats") if k in attrs)
+    return np.array(attrs[key], dtype=np.int64 if "int" in key else np.float32)
+
+
+def _constant_of_shape(attrs, shape):
+    if prod(shape) > _SMALL:
+        raise ValueError("too large to fold")
+    return np.full(tuple(shape), numpy_helper.to_array(attrs["value"])[0] if "value" in attrs else np.float32(0))
+
+
+def _unsqueeze(attrs, x, axes=None):
+    axes = sorted(a % (x.ndim + len(_axes(attrs, axes))) for a in _axes(attrs, axes))
+    for a in axes:
+        x = np.expand_dims(x, a)
+    return x
+
+
+_FOLD: dict[str, Callable] = {
+    "Constant": _constant,
+    "Shape": lambda attrs, s: s[attrs.get("start", 0):attrs.get("end", len(s))],
+    "Size": lambda attrs, s: np.array(prod(s), dtype=np.int64),
+    "Identity": lambda attrs, x: x,
+    "Cast": lambda attrs, x: x.astype(onnx.helper.tensor_dtype_to_np_dtype(attrs["to"])),
+    "Gather": lambda attrs, x, i: np.take(x, i, axis=attrs.get("axis", 0)),
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": lambda attrs, x, axes=None: np.squeeze(x, axis=tuple(a % x.ndim for a in _axes(attrs, axes) or [])
+                                                       or None),
+    "Concat": lambda attrs, *xs: np.concatenate(xs, axis=attrs["axis"]),
+    "Add": lambda attrs, a, b: a + b,
+    "Sub": lambda attrs, a, b: a - b,
+    "Mul": lambda attrs, a, b: a * b,
+    "Div": lambda attrs, a, b: np.fix(a / b).astype(a.dtype) if a.dtype.kind in "iu" else a / b,  # C-like
+    "Slice": _slice,
+    "Reshape": _reshape,
+    "Equal": lambda attrs, a, b: a == b,
+    "Where": lambda attrs, c, a, b: np.where(c, a, b),
+    "ConstantOfShape": _constant_of_shape,
+    "Range": lambda attrs, start, limit, delta: np.arange(start, limit, delta),
+    "Floor": lambda attrs, x: np.floor(x),
+    "Ceil": lambda attrs, x: np.ceil(x),
+}
+
+
+def _nodes(model: onnx.ModelProto) -> list[Node]:
+    get = onnx.helper.get_attribute_value
+    return [Node(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}",
+                 n.name or f"{n.op_type}_{i}", list(n.input), list(n.output),
+                 {a.name: get(a) for a in n.attribute if a.type != onnx.AttributeProto.GRAPH})
+            for i, n in enumerate(model.graph.node)]
+
+
+def _constants(model: onnx.ModelProto, nodes: list[Node]) -> set[str]:
+    """Tensors known when the model is loaded: weights, constants, shapes, and what is
+    computed from them alone."""
+    const = {i.name for i in model.graph.initializer}
+    for node in nodes:
+        if node.op_type in ("Shape", "Size") or all(not i or i in const for i in node.inputs):
+            const.update(node.outputs)
+    return const
+
+
+def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]] = None,
+                handlers: Optional[Mapping[str, Handler]] = None,
+                patterns: Optional[Sequence[Pattern]] = None) -> ImportResult:
+    """The layers of the ONNX model at `path`.
+
+    `input_shapes` maps input names to shapes (the key None: the model's only input);
+    every input with a dynamic dimension needs one.  `handlers` and `patterns` replace
+    `HANDLERS` and `PATTERNS`.
+    """
+    path = Path(path)
+    model = load_model(path)
+    fixed = _fix_inputs(model, input_shapes or {}, path)
+    count = len(model.graph.node)
+    notes: list[str] = []
+    model = _infer(model, notes)
+    table = HANDLERS if handlers is None else handlers
+    nodes = _nodes(model)
+    const = _constants(model, nodes)
+    outputs = {o.name for o in model.graph.output}
+    g = Graph(model, _fuse_patterns(nodes, const, PATTERNS if patterns is None else patterns, outputs), const)
+    unsupported: Counter = Counter()
+    for node in g.nodes:
+        if all(o in const for o in node.outputs):
+            continue  # computed on constants alone: folded when the model loads
+        handler = table.get(node.op_type)
+        try:
+            layers = handler(node, g) if handler is not None else None
+        except UnknownShape:
+            unsupported[f"{node.op_type} (shape unknown)"] += 1
+            continue
+        if layers is None:
+            unsupported[node.op_type] += 1
+            continue
+        g.layers.extend(layers)
+        if layers:
+            for name in node.outputs:
+                g.layer_of[name] = len(g.layers) - 1
+    return ImportResult(g.layers, unsupported, count, fixed, notes)

@@ -1,0 +1,179 @@
+"""`nasctl predict`: totals, per-layer figures, JSON, and one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+from typer.testing import CliRunner
+
+from nasctl.cli import app
+from nasctl.hardware import loader
+from nasctl.hardware.base import CostModel, LayerCost
+
+runner = CliRunner()
+CONV_MACS, FC_MACS = 16 * 16 * 8 * 3 * 9, 8 * 10
+PARAMS = (8 * 3 * 9 + 8) + (8 * 10 + 10)
+
+
+def tiny_net(path, dims=(1, 3, 16, 16), extra=()):
+    """conv 3->8 (3x3, ReLU) -> 2x2 max pool -> global average pool -> fc 8->10 -> softmax."""
+    rng = np.random.default_rng(0)
+    w = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+         for n, s in [("w", (8, 3, 3, 3)), ("b", (8,)), ("fw", (10, 8)), ("fb", (10,))]]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("MaxPool", ["r"], ["m"], name="maxpool", kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["m"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "fw", "fb"], ["l"], name="fc", transB=1),
+             helper.make_node("Softmax", ["l"], ["y"], name="softmax"), *extra]
+    outputs = ["y", *(n.output[0] for n in extra)]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", T.FLOAT, list(dims))],
+                              [helper.make_empty_tensor_value_info(o) for o in outputs], w)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+class PerMac(CostModel):
+    """1 ns per MAC plus 1 µs per layer (energy twice that, in mJ); cannot price softmax."""
+
+    def __init__(self, models_energy=True):
+        self.name = "per-mac"
+        self.models_energy = models_energy
+
+    def _layer_cost(self, layer):
+        if layer.op == "softmax":
+            return None
+        energy = 2 * (layer.macs * 1e-6 + 1e-3) if self.models_energy else None
+        return LayerCost(layer.macs * 1e-6 + 1e-3, energy, "one")
+
+
+@pytest.fixture
+def per_mac(monkeypatch):
+    def use(models_energy=True):
+        monkeypatch.setattr(loader, "load_device", lambda name: PerMac(models_energy))
+    return use
+
+
+def invoke(*args):
+    return runner.invoke(app, ["predict", *args])
+
+
+def test_json_totals_and_layers(tmp_path, per_mac):
+    per_mac()
+    result = invoke(tiny_net(tmp_path / "tiny.onnx"), "--device", "per-mac", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["latency_ms"] == pytest.approx((CONV_MACS + FC_MACS) * 1e-6 + 4e-3)  # 4 layers priced
+    assert doc["energy_mj"] == pytest.approx(2 * doc["latency_ms"])
+    assert (doc["macs"], doc["params"], doc["weight_bytes"]) == (CONV_MACS + FC_MACS, PARAMS, PARAMS * 4)
+    assert (doc["device"], doc["nodes"], doc["inputs"]) == ("per-mac", 7, {"x": [1, 3, 16, 16]})
+    assert [(r["name"], r["op"], r["fn"]) for r in doc["layers"]] == [
+        ("conv", "conv", "relu"), ("maxpool", "pool", "max"), ("gap", "pool", "avg"), ("fc", "linear", ""),
+        ("softmax", "softmax", "")]
+    conv = doc["layers"][0]
+    assert conv["shapes"] == {"in": [3, 16, 16], "out": [8, 16, 16], "kernel": [3, 3], "stride": 1, "groups": 1}
+    assert (conv["bits"], conv["macs"], conv["params"], conv["mapping"]) == ({"w": 32, "a": 32}, CONV_MACS, 224, "one")
+    assert conv["latency_ms"] == pytest.approx(CONV_MACS * 1e-6 + 1e-3)
+    assert doc["layers"][-1]["latency_ms"] is None and doc["layers"][-1]["energy_mj"] is None
+    assert doc["unsupported"] == [{"op": "softmax", "count": 1, "reason": "per-mac cannot price it"}]
+    warning, = result.stderr.strip().splitlines()
+    assert warning.startswith("warning: not priced, so the latency and energy totals exclude them")
+    assert "softmax x1 (per-mac cannot price it)" in warning
+
+
+def test_text_totals_and_per_layer_table(tmp_path, per_mac):
+    per_mac()
+    result = invoke(tiny_net(tmp_path / "tiny.onnx"), "--device", "per-mac", "--per-layer")
+    assert result.exit_code == 0, result.output
+    for text in ("latency       0.05938 ms", "energy        0.1188 mJ", f"MACs          {CONV_MACS + FC_MACS:,}",
+                 f"params        {PARAMS:,}", "weight bytes  1,256", "5 layers, 4 priced",
+                 "latency and energy exclude what was not priced"):
+        assert text in result.stdout
+    for name in ("conv", "maxpool", "gap", "fc", "softmax", "3x16x16 → 8x16x16", "55,296", "56.3"):
+        assert name in result.stdout
+
+
+def test_help():
+    result = invoke("--help")
+    assert result.exit_code == 0 and "--input-shape" in result.stdout and "--per-layer" in result.stdout
+
+
+def test_latency_only_device(tmp_path, per_mac):
+    per_mac(models_energy=False)
+    path = tiny_net(tmp_path / "tiny.onnx")
+    doc = json.loads(invoke(path, "--device", "per-mac", "--json").stdout)
+    assert doc["energy_mj"] is None and doc["latency_ms"] > 0
+    assert "energy        n/a (latency only)" in invoke(path, "--device", "per-mac").stdout
+
+
+def test_edge_quad_prices_or_reports_every_layer(tmp_path):
+    result = invoke(tiny_net(tmp_path / "tiny.onnx"), "--device", "edge-quad", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["macs"] == CONV_MACS + FC_MACS and doc["latency_ms"] > 0 and doc["energy_mj"] > 0
+    not_priced = sum(1 for r in doc["layers"] if r["latency_ms"] is None)
+    assert sum(u["count"] for u in doc["unsupported"]) == not_priced
+    assert ("warning: not priced" in result.stderr) == (not_priced > 0)
+
+
+def test_unsupported_onnx_op_is_listed_and_the_rest_priced(tmp_path, per_mac):
+    per_mac()
+    det = helper.make_node("Det", ["x"], ["d"], name="det")
+    result = invoke(tiny_net(tmp_path / "det.onnx", extra=[det]), "--device", "per-mac", "--json")
+    assert result.exit_code == 0
+    doc = json.loads(result.stdout)
+    assert {"op": "Det", "count": 1, "reason": "not imported"} in doc["unsupported"]
+    assert doc["macs"] == CONV_MACS + FC_MACS
+    assert "Det x1 (not imported)" in result.stderr
+
+
+@pytest.mark.parametrize("shape_args", [["--input-shape", "1x3x16x16"], ["--input-shape", "x:1x3x16x16"],
+                                        ["--input-shape", "x:1x3x16x16,"]])
+def test_dynamic_input_with_a_shape(tmp_path, per_mac, shape_args):
+    per_mac()
+    path = tiny_net(tmp_path / "dyn.onnx", dims=("batch", 3, "h", "w"))
+    doc = json.loads(invoke(path, "--device", "per-mac", "--json", *shape_args).stdout)
+    assert doc["macs"] == CONV_MACS + FC_MACS and doc["inputs"] == {"x": [1, 3, 16, 16]}
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "{tmp}/missing.onnx: no such file"),
+    ("text", "{tmp}/notes.onnx: not an ONNX model"),
+    ("truncated", "{tmp}/cut.onnx: not"),
+    ("device", "unknown device 'nope'"),
+    ("dynamic", "dyn.onnx: input 'x' has dynamic dims [batch, 3, h, w]; give them with --input-shape x:Nx3xNxN"),
+    ("shape", "--input-shape '1x3xbig': expected positive dims joined by x"),
+    ("no-device", "Missing option '--device'"),
+])
+def test_errors_are_one_line(tmp_path, case, message):
+    good = tiny_net(tmp_path / "tiny.onnx")
+    data = open(good, "rb").read()
+    (tmp_path / "notes.onnx").write_text("layers: [conv, relu]\n")
+    (tmp_path / "cut.onnx").write_bytes(data[: len(data) * 2 // 3])
+    args = {"missing": [str(tmp_path / "missing.onnx"), "--device", "edge-quad"],
+            "text": [str(tmp_path / "notes.onnx"), "--device", "edge-quad"],
+            "truncated": [str(tmp_path / "cut.onnx"), "--device", "edge-quad"],
+            "device": [good, "--device", "nope"],
+            "dynamic": [tiny_net(tmp_path / "dyn.onnx", dims=("batch", 3, "h", "w")), "--device", "edge-quad"],
+            "shape": [good, "--device", "edge-quad", "--input-shape", "1x3xbig"],
+            "no-device": [good]}[case]
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    line, = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and message.format(tmp=tmp_path) in line
+
+
+def test_predict_does_not_import_torch(tmp_path):
+    code = ("import sys\nfrom nasctl.cli import main\n"
+            f"sys.argv = ['nasctl', 'predict', {tiny_net(tmp_path / 'tiny.onnx')!r}, '--device', 'edge-quad']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(sorted(m for m in ('torch', 'onnxruntime', 'pandas', 'sklearn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    assert "MACs" in out and out.strip().splitlines()[-1] == "[]"

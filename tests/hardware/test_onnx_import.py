@@ -1,0 +1,390 @@
+"""ONNX import: each handler family on hand-built graphs, against figures worked out by hand."""
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+from nasctl.errors import UsageError
+from nasctl.hardware.layers import LayerSpec
+from nasctl.hardware.onnx_import import HANDLERS, import_onnx
+
+RNG = np.random.default_rng(0)
+
+
+def weight(name, *shape, dtype=np.float32):
+    return numpy_helper.from_array((RNG.standard_normal(shape) * 10).astype(dtype), name)
+
+
+def const(name, value, dtype=np.float32):
+    return numpy_helper.from_array(np.array(value, dtype=dtype), name)
+
+
+def node(op, inputs, outputs, **attrs):
+    return helper.make_node(op, inputs, outputs, name=outputs[0], **attrs)
+
+
+def save(path, nodes, inputs, outputs, inits=(), opset=17):
+    """A model of `nodes`; `inputs` maps names to shapes (float) or (shape, elem type)."""
+    def info(name, spec):
+        shape, elem = spec if isinstance(spec, tuple) and isinstance(spec[0], (list, tuple)) else (spec, T.FLOAT)
+        return helper.make_tensor_value_info(name, elem, shape)
+
+    graph = helper.make_graph(nodes, "g", [info(n, s) for n, s in inputs.items()],
+                              [helper.make_empty_tensor_value_info(o) for o in outputs], list(inits))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
+    return path
+
+
+def layers_of(tmp_path, nodes, inputs, outputs, inits=(), opset=17, **kw):
+    result = import_onnx(save(tmp_path / "m.onnx", nodes, inputs, outputs, inits, opset), **kw)
+    assert not result.unsupported, result.unsupported
+    return result.layers
+
+
+def only(layers) -> LayerSpec:
+    assert len(layers) == 1, layers
+    return layers[0]
+
+
+# --- convolutions and matrix products -----------------------------------------------
+
+@pytest.mark.parametrize("group, w_shape, macs", [
+    (1, (16, 8, 3, 3), 16 * 16 * 16 * 8 * 9),   # plain: out positions x K x C x taps
+    (4, (16, 2, 3, 3), 16 * 16 * 16 * 2 * 9),   # grouped: C/g inputs per output
+    (8, (8, 1, 3, 3), 16 * 16 * 8 * 1 * 9),     # depthwise
+])
+def test_conv(tmp_path, group, w_shape, macs):
+    layer = only(layers_of(tmp_path, [node("Conv", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1],
+                                           group=group)],
+                           {"x": [1, 8, 32, 32]}, ["y"], [weight("w", *w_shape), weight("b", w_shape[0])]))
+    assert (layer.op, layer.in_ch, layer.out_ch) == ("conv", 8, w_shape[0])
+    assert (layer.in_hw, layer.out_hw) == ((32, 32), (16, 16))
+    assert (layer.kernel, layer.stride, layer.groups, layer.w_bits, layer.a_bits) == ((3, 3), 2, group, 32, 32)
+    assert layer.macs == macs
+    assert layer.params == w_shape[0] * w_shape[1] * 9 + w_shape[0]
+
+
+def test_conv1d_is_channels_by_length(tmp_path):
+    layer = only(layers_of(tmp_path, [node("Conv", ["x", "w"], ["y"], pads=[2, 2])],
+                           {"x": [1, 4, 50]}, ["y"], [weight("w", 6, 4, 5)]))
+    assert (layer.in_ch, layer.out_ch, layer.out_hw, layer.kernel) == (4, 6, (50, 1), (5, 1))
+    assert layer.macs == 50 * 6 * 4 * 5
+
+
+def test_conv_transpose(tmp_path):
+    layer = only(layers_of(tmp_path, [node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2])],
+                           {"x": [1, 8, 4, 4]}, ["y"], [weight("w", 8, 4, 2, 2)]))
+    assert (layer.op, layer.in_ch, layer.out_ch, layer.in_hw, layer.out_hw) == ("conv_transpose", 8, 4, (4, 4), (8, 8))
+    assert layer.macs == 4 * 4 * 8 * 4 * 2 * 2  # every input position scatters into k x k outputs
+
+
+def test_gemm_is_linear_with_bias_in_params(tmp_path):
+    layer = only(layers_of(tmp_path, [node("Gemm", ["x", "w", "b"], ["y"], transB=1)],
+                           {"x": [1, 64]}, ["y"], [weight("w", 10, 64), weight("b", 10)]))
+    assert (layer.op, layer.in_ch, layer.out_ch, layer.out_hw) == ("linear", 64, 10, (1, 1))
+    assert (layer.macs, layer.params) == (640, 650)
+
+
+def test_matmul_with_weight_is_linear_per_token_and_bias_add_is_folded(tmp_path):
+    layer = only(layers_of(tmp_path, [node("MatMul", ["x", "w"], ["h"]), node("Add", ["b", "h"], ["y"])],
+                           {"x": [1, 5, 16]}, ["y"], [weight("w", 16, 32), weight("b", 32)]))
+    assert (layer.op, layer.in_ch, layer.out_ch, layer.in_hw, layer.out_hw) == ("linear", 16, 32, (5, 1), (5, 1))
+    assert layer.macs == 5 * 16 * 32
+
+
+def test_matmul_between_activations(tmp_path):
+    # attention scores: 2 heads, 5 tokens, 8 dims per head
+    layer = only(layers_of(tmp_path, [node("MatMul", ["q", "k"], ["s"])],
+                           {"q": [1, 2, 5, 8], "k": [1, 2, 8, 5]}, ["s"]))
+    assert (layer.op, layer.in_ch, layer.out_ch, layer.out_hw) == ("matmul", 8, 5, (5, 2))
+    assert (layer.macs, layer.params) == (2 * 5 * 5 * 8, 0)
+
+
+# --- fusion --------------------------------------------------------------------------
+
+def _bn(name, x, y, ch):
+    inits = [const(f"{name}.{p}", np.ones(ch)) for p in ("scale", "bias", "mean", "var")]
+    return node("BatchNormalization", [x, *(i.name for i in inits)], [y]), inits
+
+
+def test_batch_norm_and_activation_fold_into_the_conv(tmp_path):
+    bn, inits = _bn("bn", "c", "n", 8)
+    layer = only(layers_of(tmp_path, [node("Conv", ["x", "w"], ["c"]), bn, node("Relu", ["n"], ["y"])],
+                           {"x": [1, 3, 8, 8]}, ["y"], [weight("w", 8, 3, 1, 1), *inits]))
+    assert (layer.op, layer.fn, layer.params) == ("conv", "relu", 8 * 3 + 8)
+
+
+def test_batch_norm_alone_or_after_an_activation_is_a_norm_layer(tmp_path):
+    bn1, i1 = _bn("bn1", "x", "a", 3)
+    bn2, i2 = _bn("bn2", "r", "y", 8)
+    layers = layers_of(tmp_path, [bn1, node("Conv", ["a", "w"], ["c"]), node("Relu", ["c"], ["r"]), bn2],
+                       {"x": [1, 3, 8, 8]}, ["y"], [weight("w", 8, 3, 1, 1), *i1, *i2])
+    assert [(l.op, l.fn, l.in_ch) for l in layers] == [("norm", "batch", 3), ("conv", "relu", 3), ("norm", "batch", 8)]
+
+
+@pytest.mark.parametrize("op, fn, opset", [
+    ("Relu", "relu", 17), ("Clip", "clip", 17), ("HardSwish", "hardswish", 17), ("HardSigmoid", "hardsigmoid", 17),
+    ("Sigmoid", "sigmoid", 17), ("Tanh", "tanh", 17), ("Gelu", "gelu", 20), ("LeakyRelu", "leakyrelu", 17),
+])
+def test_activation_fuses_into_conv_and_linear_else_stands_alone(tmp_path, op, fn, opset):
+    nodes = [node("Conv", ["x", "w"], ["c"]), node(op, ["c"], ["a"]),           # fused
+             node("Add", ["x", "a"], ["s"]), node(op, ["s"], ["t"]),            # after an add: its own layer
+             node("Flatten", ["t"], ["f"]), node("Gemm", ["f", "fw"], ["g"], transB=1), node(op, ["g"], ["y"])]
+    layers = layers_of(tmp_path, nodes, {"x": [1, 4, 2, 2]}, ["y"], [weight("w", 4, 4, 1, 1), weight("fw", 3, 16)],
+                       opset=opset)
+    assert [(l.op, l.fn) for l in layers] == [("conv", fn), ("add", ""), ("act", fn), ("linear", fn)]
+    assert (layers[2].in_ch, layers[2].in_hw) == (4, (2, 2))
+
+
+def test_activation_is_not_fused_when_the_conv_output_is_used_elsewhere(tmp_path):
+    nodes = [node("Conv", ["x", "w"], ["c"]), node("Relu", ["c"], ["r"]), node("Add", ["c", "r"], ["y"])]
+    layers = layers_of(tmp_path, nodes, {"x": [1, 4, 2, 2]}, ["y"], [weight("w", 4, 4, 1, 1)])
+    assert [(l.op, l.fn) for l in layers] == [("conv", ""), ("act", "relu"), ("add", "")]
+
+
+def test_element_wise_math_is_a_stand_alone_activation(tmp_path):
+    nodes = [node("Conv", ["x", "w"], ["c"]), node("PRelu", ["c", "slope"], ["p"]), node("Exp", ["p"], ["e"]),
+             node("Pow", ["e", "two"], ["y"])]
+    layers = layers_of(tmp_path, nodes, {"x": [1, 4, 2, 2]}, ["y"],
+                       [weight("w", 4, 4, 1, 1), weight("slope", 4, 1, 1), const("two", 2.0)])
+    assert [(l.op, l.fn) for l in layers] == [("conv", "prelu"), ("act", "exp"), ("act", "pow")]
+
+
+def _erf_gelu(x, y, half_first=False):
+    """GELU as torch exports it before opset 20 (in both orders of the two products)."""
+    inits = [const(f"{y}.sqrt2", 1.4142135), const(f"{y}.one", 1.0), const(f"{y}.half", 0.5)]
+    nodes = [node("Div", [x, f"{y}.sqrt2"], [f"{y}.d"]), node("Erf", [f"{y}.d"], [f"{y}.e"]),
+             node("Add", [f"{y}.e", f"{y}.one"], [f"{y}.a"])]
+    if half_first:
+        nodes += [node("Mul", [x, f"{y}.half"], [f"{y}.h"]), node("Mul", [f"{y}.h", f"{y}.a"], [y])]
+    else:
+        nodes += [node("Mul", [x, f"{y}.a"], [f"{y}.m"]), node("Mul", [f"{y}.m", f"{y}.half"], [y])]
+    return nodes, inits
+
+
+@pytest.mark.parametrize("half_first", [False, True])
+def test_erf_gelu_is_recognised(tmp_path, half_first):
+    g1, i1 = _erf_gelu("h", "g", half_first)
+    g2, i2 = _erf_gelu("s", "y", half_first)
+    nodes = [node("MatMul", ["x", "w"], ["m"]), node("Add", ["m", "b"], ["h"]), *g1,   # linear + bias + GELU
+             node("Add", ["g", "x2"], ["s"]), *g2]                                    # a GELU of its own
+    layers = layers_of(tmp_path, nodes, {"x": [1, 5, 16], "x2": [1, 5, 32]}, ["y"],
+                       [weight("w", 16, 32), weight("b", 32), *i1, *i2])
+    assert [(l.op, l.fn) for l in layers] == [("linear", "gelu"), ("add", ""), ("act", "gelu")]
+    assert (layers[2].in_ch, layers[2].in_hw) == (32, (5, 1))
+
+
+def test_decomposed_hardswish_and_swish_fuse(tmp_path):
+    nodes = [node("Conv", ["x", "w"], ["c"]), node("HardSigmoid", ["c"], ["hs"]), node("Mul", ["c", "hs"], ["a"]),
+             node("Conv", ["a", "w"], ["c2"]), node("Add", ["c2", "three"], ["p"]),
+             node("Clip", ["p", "zero", "six"], ["q"]), node("Div", ["q", "six"], ["r"]),
+             node("Mul", ["c2", "r"], ["b"]),
+             node("Conv", ["b", "w"], ["c3"]), node("Sigmoid", ["c3"], ["s"]), node("Mul", ["c3", "s"], ["y"])]
+    layers = layers_of(tmp_path, nodes, {"x": [1, 4, 2, 2]}, ["y"],
+                       [weight("w", 4, 4, 1, 1), const("three", 3.0), const("zero", 0.0), const("six", 6.0)])
+    assert [(l.op, l.fn) for l in layers] == [("conv", "hardswish"), ("conv", "hardswish"), ("conv", "swish")]
+
+
+def test_sigmoid_gate_of_another_tensor_is_not_swish(tmp_path):
+    # squeeze-excite: x * sigmoid(pool(x)) is a gate, not an activation of x
+    nodes = [node("GlobalAveragePool", ["x"], ["p"]), node("Sigmoid", ["p"], ["s"]), node("Mul", ["x", "s"], ["y"])]
+    layers = layers_of(tmp_path, nodes, {"x": [1, 4, 6, 6]}, ["y"])
+    assert [(l.op, l.fn) for l in layers] == [("pool", "avg"), ("act", "sigmoid"), ("mul", "")]
+    assert (layers[2].out_ch, layers[2].out_hw) == (4, (6, 6))
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_decomposed_layer_norm_is_one_norm_layer(tmp_path, affine):
+    nodes = [node("ReduceMean", ["x"], ["mu"], axes=[-1]), node("Sub", ["x", "mu"], ["d"]),
+             node("Pow", ["d", "two"], ["sq"]), node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+             node("Add", ["var", "eps"], ["ve"]), node("Sqrt", ["ve"], ["sd"]), node("Div", ["d", "sd"], ["n"])]
+    inits = [const("two", 2.0), const("eps", 1e-5)]
+    if affine:
+        nodes += [node("Mul", ["n", "gamma"], ["ng"]), node("Add", ["ng", "beta"], ["y"])]
+        inits += [weight("gamma", 16), weight("beta", 16)]
+    else:
+        nodes[-1].output[0] = "y"
+    layer = only(layers_of(tmp_path, nodes, {"x": [1, 5, 16]}, ["y"], inits))
+    assert (layer.op, layer.fn, layer.in_ch, layer.in_hw, layer.out_elems) == ("norm", "layer", 16, (5, 1), 80)
+
+
+def test_layer_norm_op(tmp_path):
+    layer = only(layers_of(tmp_path, [node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)],
+                           {"x": [1, 7, 12]}, ["y"], [weight("g", 12), weight("b", 12)]))
+    assert (layer.op, layer.fn, layer.in_ch, layer.in_hw) == ("norm", "layer", 12, (7, 1))
+
+
+# --- weightless ops ------------------------------------------------------------------
+
+def test_element_wise_pool_resize_softmax_and_data_ops(tmp_path):
+    nodes = [
+        node("MaxPool", ["x"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]),                # 8x8 -> 4x4
+        node("AveragePool", ["mp"], ["ap"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),        # 4x4
+        node("Concat", ["mp", "ap"], ["cat"], axis=1),                                       # 8 channels
+        node("Split", ["cat", "halves"], ["s1", "s2"], axis=1),
+        node("Mul", ["s1", "s2"], ["mul"]),
+        node("Resize", ["mul", "", "scales"], ["up"], mode="nearest"),                      # 4x4 -> 8x8
+        node("Add", ["up", "x"], ["sum"]),
+        node("GlobalAveragePool", ["sum"], ["gap"]),
+        node("Reshape", ["sum", "tokens"], ["seq"]),                                          # view: no layer
+        node("Transpose", ["seq"], ["tr"], perm=[0, 2, 1]),                                   # [1, 64, 4]
+        node("Softmax", ["tr"], ["sm"], axis=-1),
+        node("ReduceMean", ["sm"], ["y"], axes=[1], keepdims=0),                             # token mean
+    ]
+    inits = [const("halves", [4, 4], np.int64), const("scales", [1, 1, 2, 2]), const("tokens", [1, 4, 64], np.int64)]
+    layers = layers_of(tmp_path, nodes, {"x": [1, 4, 8, 8]}, ["y", "gap"], inits)
+    got = [(l.op, l.fn, l.in_ch, l.in_hw, l.out_ch, l.out_hw) for l in layers]
+    assert got == [
+        ("pool", "max", 4, (8, 8), 4, (4, 4)),
+        ("pool", "avg", 4, (4, 4), 4, (4, 4)),
+        ("concat", "", 8, (4, 4), 8, (4, 4)),
+        ("split", "", 8, (4, 4), 8, (4, 4)),
+        ("mul", "", 4, (4, 4), 4, (4, 4)),
+        ("resize", "nearest", 4, (4, 4), 4, (8, 8)),
+        ("add", "", 4, (8, 8), 4, (8, 8)),
+        ("pool", "avg", 4, (8, 8), 4, (1, 1)),
+        ("data", "transpose", 64, (4, 1), 4, (64, 1)),
+        ("softmax", "", 4, (64, 1), 4, (64, 1)),
+        ("pool", "avg", 4, (64, 1), 4, (1, 1)),
+    ]
+    assert layers[0].kernel == (2, 2) and layers[0].stride == 2 and layers[7].kernel == (8, 8)
+    assert layers[10].kernel == (64, 1)
+
+
+def test_shape_arithmetic_costs_nothing_and_is_folded_for_shapes(tmp_path):
+    # torch's `x.chunk(2, dim=1)`: Shape -> Gather -> Div -> Slice, which shape inference's
+    # data propagation cannot follow (Div)
+    nodes = [node("Shape", ["x"], ["shape"]), node("Gather", ["shape", "one"], ["c"]),
+             node("Div", ["c", "two"], ["half"]), node("Unsqueeze", ["half", "zero"], ["end"]),
+             node("Slice", ["x", "start", "end", "axis"], ["a"]), node("Conv", ["a", "w"], ["y"])]
+    inits = [const("one", 1, np.int64), const("two", 2, np.int64), const("zero", [0], np.int64),
+             const("start", [0], np.int64), const("axis", [1], np.int64), weight("w", 2, 4, 1, 1)]
+    layers = layers_of(tmp_path, nodes, {"x": [1, 8, 3, 3]}, ["y"], inits)
+    assert [(l.op, l.fn, l.out_ch) for l in layers] == [("data", "slice", 4), ("conv", "", 2)]
+    assert layers[1].macs == 9 * 2 * 4
+
+
+# --- quantized models ----------------------------------------------------------------
+
+@pytest.mark.parametrize("elem, np_type, bits, opset", [
+    (T.INT8, np.int8, 8, 17), (T.UINT8, np.uint8, 8, 17), (T.INT16, np.int16, 16, 21),
+    (T.INT4, None, 4, 21), (T.UINT4, None, 4, 21),
+])
+def test_qdq_conv_and_matmul_take_bits_from_zero_points(tmp_path, elem, np_type, bits, opset):
+    def zp(name, shape=()):
+        if np_type is not None:
+            return numpy_helper.from_array(np.zeros(shape, np_type), name)
+        return helper.make_tensor(name, elem, shape, [0] * int(np.prod(shape)))
+
+    wq = helper.make_tensor("wq", elem, [8, 4, 3, 3], [1] * 288)
+    mq = helper.make_tensor("mq", elem, [8, 6], [1] * 48)
+    nodes = [node("QuantizeLinear", ["x", "s", "zp"], ["xq"]), node("DequantizeLinear", ["xq", "s", "zp"], ["xd"]),
+             node("DequantizeLinear", ["wq", "s", "zp"], ["wd"]),
+             node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]),
+             node("QuantizeLinear", ["c", "s", "zp"], ["cq"]), node("DequantizeLinear", ["cq", "s", "zp"], ["cd"]),
+             node("Relu", ["cd"], ["r"]),
+             node("GlobalAveragePool", ["r"], ["p"]), node("Flatten", ["p"], ["f"]),
+             node("QuantizeLinear", ["f", "s", "zp"], ["fq"]), node("DequantizeLinear", ["fq", "s", "zp"], ["fd"]),
+             node("DequantizeLinear", ["mq", "s", "zp"], ["md"]), node("MatMul", ["fd", "md"], ["y"])]
+    layers = layers_of(tmp_path, nodes, {"x": [1, 4, 6, 6]}, ["y"], [wq, mq, const("s", 0.1), zp("zp")], opset=opset)
+    assert [(l.op, l.fn, l.w_bits, l.a_bits) for l in layers] == [
+        ("conv", "relu", bits, bits), ("pool", "avg", 32, 32), ("linear", "", bits, bits)]
+    assert layers[0].macs == 6 * 6 * 8 * 4 * 9 and layers[2].macs == 8 * 6
+
+
+def test_qlinear_and_integer_ops_have_their_bit_widths(tmp_path):
+    q = [const("s", 0.1), numpy_helper.from_array(np.array(0, np.uint8), "zu"),
+         numpy_helper.from_array(np.array(0, np.int8), "zi")]
+    nodes = [node("QLinearConv", ["x", "s", "zu", "w", "s", "zi", "s", "zu"], ["c"], pads=[1, 1, 1, 1]),
+             node("ConvInteger", ["c", "w2", "zu", "zi"], ["ci"]),
+             node("Flatten", ["c"], ["f"]),
+             node("QLinearMatMul", ["f", "s", "zu", "m", "s", "zi", "s", "zu"], ["qm"]),
+             node("MatMulInteger", ["qm", "m2", "zu", "zi"], ["y"])]
+    inits = [weight("w", 8, 4, 3, 3, dtype=np.int8), weight("w2", 2, 8, 1, 1, dtype=np.int8),
+             weight("m", 8 * 36, 10, dtype=np.int8), weight("m2", 10, 3, dtype=np.int8), *q]
+    layers = layers_of(tmp_path, nodes, {"x": ([1, 4, 6, 6], T.UINT8)}, ["y", "ci"], inits)
+    assert [(l.op, l.w_bits, l.a_bits, l.in_ch, l.out_ch) for l in layers] == [
+        ("conv", 8, 8, 4, 8), ("conv", 8, 8, 8, 2), ("linear", 8, 8, 288, 10), ("linear", 8, 8, 10, 3)]
+    assert layers[0].macs == 6 * 6 * 8 * 4 * 9
+
+
+# --- what cannot be priced -----------------------------------------------------------
+
+def test_unsupported_ops_are_counted_not_dropped(tmp_path):
+    nodes = [node("Relu", ["x"], ["r"]), node("TopK", ["r", "k"], ["v", "i"], axis=-1), node("Det", ["m"], ["d"]),
+             node("Det", ["m"], ["d2"])]
+    result = import_onnx(save(tmp_path / "m.onnx", nodes, {"x": [1, 10], "m": [1, 3, 3]}, ["v", "i", "d", "d2"],
+                              [const("k", [3], np.int64)]))
+    assert result.unsupported == Counter({"Det": 2, "TopK": 1})
+    assert [(l.op, l.fn) for l in result.layers] == [("act", "relu")]
+    assert result.nodes == 4
+
+
+def test_handler_table_can_be_extended_and_overridden(tmp_path):
+    path = save(tmp_path / "m.onnx", [node("Relu", ["x"], ["r"]), node("Det", ["r"], ["y"])], {"x": [1, 3, 3]}, ["y"])
+
+    def det(n, g):
+        return [g.layer("data", n, n.inputs[0], n.outputs[0], fn="det")]
+
+    result = import_onnx(path, handlers={**HANDLERS, "Det": det, "Relu": lambda n, g: None})
+    assert result.unsupported == Counter({"Relu": 1})
+    assert [(l.op, l.fn) for l in result.layers] == [("data", "det")]
+
+
+# --- input shapes and bad files ------------------------------------------------------
+
+def _dynamic(tmp_path):
+    return save(tmp_path / "dyn.onnx", [node("Conv", ["image", "w"], ["y"])], {"image": ["N", 3, "H", "W"]}, ["y"],
+                [weight("w", 8, 3, 1, 1)])
+
+
+def test_dynamic_dims_need_an_input_shape(tmp_path):
+    path = _dynamic(tmp_path)
+    with pytest.raises(UsageError, match=r"dyn.onnx: input 'image' has dynamic dims \[N, 3, H, W\]; "
+                                         r"give them with --input-shape image:Nx3xNxN"):
+        import_onnx(path)
+    for shapes in ({None: (1, 3, 20, 10)}, {"image": (1, 3, 20, 10)}):
+        layer = only(import_onnx(path, shapes).layers)
+        assert (layer.in_hw, layer.macs) == ((20, 10), 200 * 8 * 3)
+
+
+@pytest.mark.parametrize("shapes, message", [
+    ({"img": (1, 3, 8, 8)}, "--input-shape: the model has no input 'img'; its inputs: image"),
+    ({None: (1, 3, 8)}, "--input-shape image: 3 dims given; the input has 4 [N, 3, H, W]"),
+    ({None: (2, 3, 8, 8)}, "input 'image' has batch 2; nasctl prices one input at a time: "
+                           "give --input-shape image:1x3x8x8"),
+])
+def test_bad_input_shapes(tmp_path, shapes, message):
+    with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        import_onnx(_dynamic(tmp_path), shapes)
+
+
+def test_bad_files_fail_in_one_line_naming_the_file(tmp_path):
+    good = save(tmp_path / "good.onnx", [node("Conv", ["x", "w"], ["y"])], {"x": [1, 3, 8, 8]}, ["y"],
+                [weight("w", 8, 3, 3, 3)])
+    data = good.read_bytes()
+    (tmp_path / "notes.txt").write_text("not a model\n")
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    cases = {"missing.onnx": "no such file", "notes.txt": "not an ONNX model", "empty.onnx": "not a complete",
+             ".": "is a folder"}
+    for cut in (len(data) // 4, len(data) // 2, len(data) - 3, len(data) - 1):
+        (tmp_path / f"cut{cut}.onnx").write_bytes(data[:cut])
+        cases[f"cut{cut}.onnx"] = "ONNX model"
+    for name, message in cases.items():
+        with pytest.raises(UsageError) as info:
+            import_onnx(tmp_path / name)
+        text = str(info.value)
+        assert str(tmp_path / name) in text and message in text and "\n" not in text
+
+
+def test_inconsistent_shapes_are_noted_and_what_cannot_be_shaped_is_counted(tmp_path):
+    nodes = [node("Relu", ["x"], ["r"]), node("Add", ["r", "z"], ["y"])]
+    result = import_onnx(save(tmp_path / "m.onnx", nodes, {"x": [1, 3], "z": [1, 4]}, ["y"]))
+    note, = result.notes
+    assert note.startswith("shape inference (strict) failed, shapes taken leniently:") and "Add" in note
+    assert result.unsupported == Counter({"Add (shape unknown)": 1})
+    assert [(l.op, l.fn) for l in result.layers] == [("act", "relu")]
