@@ -1,17 +1,23 @@
-"""`nasctl hw list|show`."""
+"""`nasctl hw list|show|profile|fit|validate`."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from .. import workspace
+from ..errors import UsageError
 from ..hardware.loader import load_device
-from .render import out, print_json
+from .render import err, out, print_json
 
-app = typer.Typer(no_args_is_help=True, help="Devices: list them, show one.")
+app = typer.Typer(no_args_is_help=True,
+                  help="Devices: list them, show one, profile this machine, fit one from measurements, "
+                       "validate one against measured models.")
+
+LOCAL = "cpu-local"  # the device `hw profile` measures by default
 
 
 @app.command("list")
@@ -26,11 +32,190 @@ def list_devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSO
     out.print(table)
 
 
+def _device(name: str):
+    """load_device, telling the user to profile this machine where its device is missing."""
+    if name == LOCAL and LOCAL not in {e.name for e in workspace.entries("hardware")}:
+        raise UsageError(f"device '{LOCAL}' has not been profiled on this machine yet; run "
+                         f"`nasctl hw profile --device {LOCAL}` (in a workspace) first")
+    return load_device(name)
+
+
 @app.command("show")
 def show(name: Annotated[str, typer.Argument(help="Device name or YAML path.")],
          as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False):
     """Show a device: its parameters and their sources."""
-    doc = load_device(name).describe()
+    doc = _device(name).describe()
     if as_json:
         return print_json(doc)
     out.print_json(data=doc)
+
+
+def _workspace_folder(name: str) -> Path:
+    """hardware/NAME/ of the user's workspace or project, where fitted devices go."""
+    root = workspace.roots()[0]
+    if root.origin == "packaged":
+        raise UsageError("no workspace to write the device into: give --workspace DIR (or set NASCTL_WORKSPACE), "
+                         "or run inside a project whose pyproject.toml has a [tool.nasctl] table")
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        raise UsageError(f"device name '{name}' must be a plain name (letters, digits, - and _)")
+    return root.path / "hardware" / name
+
+
+class _Bar:
+    """A rich progress bar on stderr (terminals only)."""
+
+    def __init__(self, label: str):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.description}"), console=err, disable=not err.is_terminal)
+        self.task = None
+
+    def __enter__(self):
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.stop()
+
+    def update(self, done: int, total: int, note: str = "") -> None:
+        if self.task is None:
+            self.task = self.progress.add_task(note, total=total)
+        self.progress.update(self.task, completed=done, total=total, description=note)
+
+
+@app.command("profile")
+def profile(
+    device: Annotated[str, typer.Option(help="Name of the device to write (hardware/NAME/ in the workspace).")]
+    = LOCAL,
+    threads: Annotated[int, typer.Option(min=1, help="onnxruntime intra-op threads (recorded in the spec).")] = 1,
+    kernels: Annotated[int, typer.Option(min=20, help="Kernels to measure (in context networks).")] = 6000,
+    quick: Annotated[bool, typer.Option("--quick", help="A small, fast profile: 150 kernels, 5 rounds.")] = False,
+    rounds: Annotated[int, typer.Option(min=2, help="Interleaved timing rounds.")] = 15,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the random context networks.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+):
+    """Measure this machine's onnxruntime CPU kernels in context and write a `kind: lut` device.
+
+    Builds random networks of the blocks real models are made of, profiles every kernel
+    inside them and times them end to end (interleaved rounds, minimum), then fits the
+    per-kernel regressors and the per-model overhead.  A few minutes with the defaults."""
+    from ..hardware.fit import write_device
+    from ..hardware.profiler import Protocol, profile_machine
+
+    folder = _workspace_folder(device)
+    protocol = Protocol(threads=threads, rounds=5 if quick else rounds, repeats=2 if quick else 3)
+    with _Bar("profiling") as bar:
+        fitted = profile_machine(device, protocol, kernels=150 if quick else kernels, seed=seed, on_progress=bar.update)
+    spec_path = write_device(folder, fitted)
+    doc = {"device": device, "spec": str(spec_path), "kernels": len(fitted.rows), **fitted.report}
+    if as_json:
+        return print_json(doc)
+    cal = fitted.spec["fit"].get("calibration", {})
+    out.print(f"Profiled {fitted.report['networks']} context networks ({fitted.report['layers']} kernels, "
+              f"{len(fitted.rows)} distinct) in {fitted.report['seconds']:.0f} s with {threads} thread(s).")
+    if cal:
+        out.print(f"End-to-end fit on those networks: RMS error {cal['rms_error_pct']:.1f}%, "
+                  f"{cal['within_10pct'] * 100:.0f}% within ±10%.")
+    out.print(fitted.spec["energy"])
+    out.print(f"Device '{device}' written to {spec_path.parent}")
+
+
+@app.command("fit", help=f"""Fit a `kind: lut` device from measurements and write it to hardware/NAME/.
+
+--lut FILE: a per-kernel table, one row per measured kernel, with the columns
+op, in_ch, out_ch, in_h, in_w, out_h, out_w, kernel_h, kernel_w, stride, groups,
+w_bits, a_bits, fn, latency_ms and optionally energy_mj (they mirror LayerSpec; a
+token sequence of length T is T x 1; groups == in_ch for a depthwise conv; fn is the
+fused activation, pooling mode or norm kind, may be empty).
+
+--models FILE: end-to-end latencies, a CSV with latency_ms and either arch (an
+architecture of --space as JSON, or an NB201 string for nb201) or onnx (a model
+path, relative to the CSV); per-kernel costs are then solved by non-negative least
+squares over the kernels each model contains, plus a per-model overhead.
+
+Both: the table is calibrated against the end-to-end latencies.""")
+def fit(
+    device: Annotated[str, typer.Option(help="Name of the device to write.", show_default=False)],
+    lut: Annotated[Optional[Path], typer.Option(help="Per-kernel table (CSV).", show_default=False)] = None,
+    models: Annotated[Optional[Path], typer.Option(help="End-to-end measurements (CSV).", show_default=False)]
+    = None,
+    space: Annotated[Optional[str], typer.Option(help="Search space of the arch column.", show_default=False)]
+    = None,
+    input_shape: Annotated[Optional[str], typer.Option(
+        help="Input C,H,W for the arch column [default: the space's].", show_default=False)] = None,
+    classes: Annotated[Optional[int], typer.Option(
+        min=1, help="Classes for the arch column [default: the space's].", show_default=False)] = None,
+    grouping: Annotated[Optional[str], typer.Option(
+        help="Kernel grouping for --models: kernels, types or types-shared [default: best by cross-validation].",
+        show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+):
+    from ..hardware.fit import fit_from_lut, fit_from_models, read_models_csv, write_device
+    from ..hardware.lut import read_lut
+
+    if lut is None and models is None:
+        raise UsageError("give --lut FILE (a per-kernel table), --models FILE (end-to-end latencies), or both")
+    folder = _workspace_folder(device)
+    measured = None
+    if models is not None:
+        measured = read_models_csv(models, space, _parse_shape(input_shape) if input_shape else None, classes)
+    if lut is not None:
+        fitted = fit_from_lut(device, read_lut(lut), measured)
+    else:
+        fitted = fit_from_models(device, *measured, grouping=grouping)
+    spec_path = write_device(folder, fitted)
+    doc = {"device": device, "spec": str(spec_path), "kernels": len(fitted.rows),
+           "regressors": fitted.spec["regressors"], "overhead": fitted.spec["overhead"], "fit": fitted.spec["fit"]}
+    if as_json:
+        return print_json(doc)
+    f = fitted.spec["fit"]
+    if "grouping" in f:
+        out.print(f"Fitted {len(fitted.rows)} kernel costs from {f['models']} models ({f['grouping']} grouping; "
+                  f"cross-validated RMS error by grouping: {f['cv_rms_error_pct_by_grouping'] or 'n/a'}).")
+    else:
+        out.print(f"Read {len(fitted.rows)} distinct kernels.")
+    if "calibration" in f:
+        out.print(f"Calibrated against {f['calibration']['models']} models: RMS error "
+                  f"{f['calibration']['rms_error_pct']:.1f}%.")
+    out.print(f"Overhead: {fitted.spec['overhead']['per_model_ms']:.4g} ms per model, "
+              f"{fitted.spec['overhead']['per_layer_ms']:.4g} ms per layer.")
+    out.print(f"Device '{device}' written to {spec_path.parent}")
+
+
+def _parse_shape(text: str) -> tuple[int, int, int]:
+    try:
+        dims = tuple(int(d) for d in text.replace("x", ",").split(","))
+    except ValueError:
+        dims = ()
+    if len(dims) != 3 or min(dims) < 1:
+        raise UsageError(f"--input-shape '{text}': expected three positive sizes C,H,W, e.g. 3,32,32")
+    return dims  # type: ignore[return-value]
+
+
+@app.command("validate")
+def validate(
+    models: Annotated[list[Path], typer.Argument(help="ONNX models to measure and predict.", show_default=False)],
+    device: Annotated[str, typer.Option(help="Device name or YAML path.")] = LOCAL,
+    rounds: Annotated[int, typer.Option(min=2, help="Interleaved timing rounds.")] = 15,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+):
+    """Measure ONNX models end to end on this machine and compare with a device's predictions.
+
+    Every model is timed with onnxruntime by the device's protocol (its threads;
+    interleaved rounds, minimum) and priced by the device; prints each model's error and
+    the share of models within ±5% and ±10%, and the RMS percentage error."""
+    from ..hardware.profiler import validate_models
+
+    dev = _device(device)
+    with _Bar("measuring") as bar:
+        doc = validate_models(dev, models, rounds=rounds, on_progress=bar.update)
+    if as_json:
+        return print_json(doc)
+    table = Table("model", "predicted ms", "measured ms", "error")
+    for r in doc["models"]:
+        table.add_row(r["model"], f"{r['predicted_ms']:.4g}", f"{r['measured_ms']:.4g}", f"{r['error_pct']:+.1f}%")
+    out.print(table)
+    s = doc["summary"]
+    out.print(f"{s['models']} models on {doc['device']}: {s['within_5pct'] * 100:.0f}% within ±5%, "
+              f"{s['within_10pct'] * 100:.0f}% within ±10%, RMS error {s['rms_error_pct']:.1f}%.")

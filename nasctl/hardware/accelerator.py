@@ -111,8 +111,9 @@ def positions(layer: LayerSpec) -> tuple[int, int]:
 
 
 def second_operand_bytes(layer: LayerSpec) -> float:
-    """Matmul's second activation operand (in_ch x out_ch); 0 for other ops."""
-    return layer.in_ch * layer.out_ch * layer.a_bits / 8 if layer.op == "matmul" else 0.0
+    """Matmul's second activation operand (in_ch x out_ch per product, out_hw[1] products,
+    e.g. attention heads); 0 for other ops."""
+    return layer.in_ch * layer.out_ch * layer.out_hw[1] * layer.a_bits / 8 if layer.op == "matmul" else 0.0
 
 
 class Strict(BaseModel):

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 #             activation that follows (`fn`) are fused into it, as runtimes do.
 #   conv_transpose  transposed convolution (in_hw -> larger out_hw).
 #   linear    fully connected layer with weights, applied at each of the out_hw positions.
-#   matmul    product of two activations (attention): out_hw positions x in_ch (the
-#             reduced dimension) x out_ch; no weights.
+#   matmul    products of two activations (attention): out_hw = (M rows, number of
+#             products, e.g. heads), each M x in_ch (the reduced dimension) x out_ch;
+#             no weights.
 #   pool      pooling, `fn` "max" or "avg" (global when out_hw == (1, 1)).
 #   add, mul  element-wise binary ops on tensors of the output shape.
 #   act       a stand-alone activation, `fn` names it (relu, sigmoid, gelu, ...).

@@ -1,13 +1,17 @@
-"""The ask/tell contract every strategy follows."""
+"""The ask/tell contract every strategy follows, and helpers strategies share."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from ..spaces.base import Arch, SearchSpace
+from ..objectives import pareto_mask
+from ..spaces.base import Arch, SearchSpace, arch_key
+
+# How many draws a strategy spends looking for an architecture it has not proposed yet.
+FRESH_TRIES = 100
 
 
 class Strategy(ABC):
@@ -15,7 +19,10 @@ class Strategy(ABC):
 
     `tell` receives, per architecture, its objective values in minimisation form
     (F, shape n x n_obj) and its constraint values (G, shape n x n_constr, feasible
-    where every entry <= 0).
+    where every entry <= 0).  `ask(n)` returns at most `n` architectures: the
+    strategy's natural batch (a generation, a few Bayesian proposals), each a valid
+    choice for every knob, none proposed before where the strategy can avoid it.
+    Subclasses implement `_setup`, `_ask` and `_tell`.
     """
 
     def setup(self, space: SearchSpace, n_obj: int, n_constr: int, *, seed: int, budget: int) -> None:
@@ -25,15 +32,69 @@ class Strategy(ABC):
         self.seed = seed
         self.budget = budget
         self.rng = np.random.default_rng(seed)
+        self.proposed: set[str] = set()
+        # every told result: key -> (architecture, objective values, constraint values)
+        self.archive: dict[str, tuple[dict, np.ndarray, np.ndarray]] = {}
         self._setup()
 
     def _setup(self) -> None:
         """Strategy-specific set-up, after the common attributes are set."""
 
-    @abstractmethod
     def ask(self, n: int) -> list[dict]:
-        """Up to `n` architectures to evaluate next."""
+        """Up to `n` architectures to evaluate next (none once the strategy has nothing new)."""
+        if n < 1:
+            return []
+        archs = self._ask(n)
+        assert len(archs) <= n, f"{type(self).__name__} proposed {len(archs)} architectures, asked for {n}"
+        self.proposed.update(arch_key(a) for a in archs)
+        return archs
 
-    @abstractmethod
     def tell(self, archs: Sequence[Arch], F: np.ndarray, G: np.ndarray) -> None:
         """Results of evaluated architectures."""
+        F = np.asarray(F, dtype=float).reshape(len(archs), self.n_obj)
+        G = np.asarray(G, dtype=float).reshape(len(archs), self.n_constr)
+        for arch, f, g in zip(archs, F, G):
+            self.archive[arch_key(arch)] = (dict(arch), f, g)
+        self._tell(archs, F, G)
+
+    @abstractmethod
+    def _ask(self, n: int) -> list[dict]: ...
+
+    @abstractmethod
+    def _tell(self, archs: Sequence[Arch], F: np.ndarray, G: np.ndarray) -> None: ...
+
+    # -- helpers ---------------------------------------------------------------------
+    def fresh(self, draw: Callable[[], dict], tries: int = FRESH_TRIES) -> dict | None:
+        """The first of up to `tries` draws not proposed before (it then counts as
+        proposed), or None."""
+        for _ in range(tries):
+            arch = draw()
+            key = arch_key(arch)
+            if key not in self.proposed:
+                self.proposed.add(key)
+                return arch
+        return None
+
+    def front(self) -> list[dict]:
+        """The told architectures no other dominates under constrained domination:
+        the non-dominated feasible ones, or, while none is feasible, those of least
+        total violation."""
+        if not self.archive:
+            return []
+        archs, F, G = zip(*self.archive.values())
+        F, v = np.array(F), violation(np.array(G))
+        keep = v == v.min()
+        idx = np.flatnonzero(keep)[pareto_mask(F[keep])] if v.min() == 0 else np.flatnonzero(keep)
+        return [archs[i] for i in idx]
+
+
+def violation(G: np.ndarray) -> np.ndarray:
+    """Total constraint violation per row of G (0 where feasible)."""
+    G = np.asarray(G, dtype=float)
+    return np.clip(G, 0, None).sum(axis=1) if G.size else np.zeros(len(G))
+
+
+def ordered_knobs(space: SearchSpace) -> np.ndarray:
+    """Per knob: True where every choice is a number, so the order of the choices means
+    something (depths, widths, bit-widths); False for unordered choices such as op names."""
+    return np.array([all(isinstance(c, (int, float)) for c in v.choices) for v in space.variables()])

@@ -1,72 +1,172 @@
-"""Evolutionary strategies from pymoo, driven through its ask/tell interface.
+"""Evolutionary strategies from pymoo (NSGA-II, NSGA-III, AGE-MOEA), driven through its
+ask/tell interface.
 
-Each knob is searched as the index of its choice: integer sampling, then simulated
-binary crossover and polynomial mutation followed by rounding repair, so every
-proposal is a valid choice for every knob.
+Each knob is searched as the index of its choice.  Ordered knobs (numeric choices:
+depths, widths, bit-widths) take simulated binary crossover and polynomial mutation
+with rounding; unordered ones (op names) take uniform crossover and random-reset
+mutation, since neighbouring indices mean nothing there.  Offspring that repeat an
+architecture proposed before are dropped and bred again, so every generation is new.
 """
 
 from __future__ import annotations
 
+import importlib.util
+from abc import abstractmethod
+from math import comb
 from typing import Sequence
 
 import numpy as np
+from pymoo.algorithms.moo.nsga2 import NSGA2
+from pymoo.algorithms.moo.nsga3 import NSGA3
+from pymoo.config import Config
+from pymoo.core.crossover import Crossover
+from pymoo.core.duplicate import DefaultDuplicateElimination
+from pymoo.core.evaluator import Evaluator
+from pymoo.core.mutation import Mutation
+from pymoo.core.problem import Problem
+from pymoo.core.termination import NoTermination
+from pymoo.operators.crossover.sbx import SBX
+from pymoo.operators.mutation.pm import PM
+from pymoo.operators.sampling.rnd import IntegerRandomSampling
+from pymoo.problems.static import StaticProblem
+from pymoo.util.ref_dirs import get_reference_directions
 
+from ..errors import UsageError
 from ..spaces.base import Arch, arch_key
-from .base import Strategy
+from .base import Strategy, ordered_knobs
+
+Config.warnings["not_compiled"] = False
 
 
-class NSGA2Strategy(Strategy):
-    """pymoo's NSGA-II. Population size: budget // 3, clamped to [4, 40]."""
+class _PymooStrategy(Strategy):
+    """A pymoo genetic algorithm; subclasses name it in `_algorithm`.
+
+    Population: budget // 10, clamped to [10, 40] (many short generations find a front
+    faster than few long ones)."""
+
+    @abstractmethod
+    def _algorithm(self, pop_size: int, **operators):
+        """The pymoo algorithm with these operators."""
 
     def _setup(self) -> None:
-        from pymoo.algorithms.moo.nsga2 import NSGA2
-        from pymoo.config import Config
-        from pymoo.core.problem import Problem
-        from pymoo.core.termination import NoTermination
-        from pymoo.operators.crossover.sbx import SBX
-        from pymoo.operators.mutation.pm import PM
-        from pymoo.operators.repair.rounding import RoundingRepair
-        from pymoo.operators.sampling.rnd import IntegerRandomSampling
-
-        Config.warnings["not_compiled"] = False
-        upper = [len(v.choices) - 1 for v in self.space.variables()]
+        upper = np.array([len(v.choices) - 1 for v in self.space.variables()], dtype=float)
         self._problem = Problem(n_var=len(upper), n_obj=self.n_obj, n_ieq_constr=self.n_constr,
-                                xl=np.zeros(len(upper)), xu=np.array(upper, dtype=float), vtype=int)
-        self.pop_size = int(np.clip(self.budget // 3, 4, 40))
-        self._algorithm = NSGA2(
-            pop_size=self.pop_size,
+                                xl=np.zeros(len(upper)), xu=upper, vtype=int)
+        self.pop_size = int(np.clip(self.budget // 10, 10, 40))
+        ordered = ordered_knobs(self.space)
+        self._algorithm_ = self._algorithm(
+            self.pop_size,
             sampling=IntegerRandomSampling(),
-            crossover=SBX(prob=0.9, eta=15, vtype=float, repair=RoundingRepair()),
-            mutation=PM(eta=20, vtype=float, repair=RoundingRepair()),
-            eliminate_duplicates=True,
-            seed=self.seed,
+            crossover=KnobCrossover(ordered),
+            mutation=KnobMutation(ordered),
+            eliminate_duplicates=Unproposed(self),
         )
-        self._algorithm.setup(self._problem, termination=NoTermination())
+        self._algorithm_.setup(self._problem, termination=NoTermination(), seed=self.seed)
         self._pending = None      # the pymoo population being evaluated
         self._queue: list[dict] = []
-        self._results: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
-    def ask(self, n: int) -> list[dict]:
+    def _ask(self, n: int) -> list[dict]:
         if not self._queue and self._pending is None:
-            self._pending = self._algorithm.ask()
-            self._queue = [self.space.from_indices(x) for x in self._pending.get("X")]
+            pop = self._algorithm_.ask()
+            if pop is None or not len(pop):
+                return []
+            self._pending = pop
+            self._queue = [self.space.from_indices(x) for x in pop.get("X")]
         out, self._queue = self._queue[:n], self._queue[n:]
         return out
 
-    def tell(self, archs: Sequence[Arch], F: np.ndarray, G: np.ndarray) -> None:
-        from pymoo.core.evaluator import Evaluator
-        from pymoo.problems.static import StaticProblem
-
-        for arch, f, g in zip(archs, F, G):
-            self._results[arch_key(arch)] = (np.asarray(f, float), np.asarray(g, float))
+    def _tell(self, archs: Sequence[Arch], F: np.ndarray, G: np.ndarray) -> None:
         if self._pending is None or self._queue:
             return
         keys = [arch_key(self.space.from_indices(x)) for x in self._pending.get("X")]
-        if not all(k in self._results for k in keys):
+        if not all(k in self.archive for k in keys):
             return
-        F_all = np.array([self._results[k][0] for k in keys])
-        G_all = np.array([self._results[k][1] for k in keys]).reshape(len(keys), self.n_constr)
+        F_all = np.array([self.archive[k][1] for k in keys])
+        G_all = np.array([self.archive[k][2] for k in keys]).reshape(len(keys), self.n_constr)
         kwargs = {"F": F_all, "G": G_all} if self.n_constr else {"F": F_all}
         Evaluator().eval(StaticProblem(self._problem, **kwargs), self._pending)
-        self._algorithm.tell(infills=self._pending)
+        self._algorithm_.tell(infills=self._pending)
         self._pending = None
+
+
+class NSGA2Strategy(_PymooStrategy):
+    """NSGA-II: non-dominated sorting with crowding distance."""
+
+    def _algorithm(self, pop_size: int, **operators):
+        return NSGA2(pop_size=pop_size, **operators)
+
+
+class NSGA3Strategy(_PymooStrategy):
+    """NSGA-III: non-dominated sorting with Das-Dennis reference directions, as many as
+    fit in the population."""
+
+    def _algorithm(self, pop_size: int, **operators):
+        m, partitions = self.n_obj, 1
+        while comb(partitions + m, m - 1) <= pop_size:  # directions with one more partition
+            partitions += 1
+        ref_dirs = get_reference_directions("das-dennis", m, n_partitions=partitions)
+        return NSGA3(ref_dirs=ref_dirs, pop_size=max(pop_size, len(ref_dirs)), **operators)
+
+
+class AGEMOEAStrategy(_PymooStrategy):
+    """AGE-MOEA: survival by the front's estimated geometry (convex, linear, concave)."""
+
+    def _algorithm(self, pop_size: int, **operators):
+        if importlib.util.find_spec("numba") is None:  # pymoo compiles AGE-MOEA's survival with numba
+            raise UsageError("strategy 'agemoea' needs numba; install it with: pip install numba")
+        from pymoo.algorithms.moo.age import AGEMOEA
+
+        return AGEMOEA(pop_size=pop_size, **operators)
+
+
+# -- operators over knob indices -------------------------------------------------------
+class KnobCrossover(Crossover):
+    """SBX with rounding on ordered knobs, uniform crossover on unordered ones."""
+
+    def __init__(self, ordered: np.ndarray):
+        super().__init__(2, 2, prob=0.9)
+        self.ordered = ordered
+        self.sbx = SBX(eta=15)
+
+    def _do(self, problem, X, *args, random_state=None, **kwargs):
+        Q = np.rint(self.sbx._do(problem, X, random_state=random_state)).clip(problem.xl, problem.xu)
+        swap = random_state.random(X.shape[1:]) < 0.5
+        uniform = np.where(swap, X[::-1], X)
+        Q[:, :, ~self.ordered] = uniform[:, :, ~self.ordered]
+        return Q
+
+
+class KnobMutation(Mutation):
+    """Polynomial mutation with rounding on ordered knobs; on unordered ones each knob,
+    with probability 1 / number of knobs, takes another choice at random."""
+
+    def __init__(self, ordered: np.ndarray):
+        super().__init__(prob=1.0)
+        self.ordered = ordered
+        self.pm = PM(eta=20)
+
+    def _do(self, problem, X, *args, random_state=None, **kwargs):
+        Xp = np.rint(self.pm._do(problem, X, random_state=random_state)).clip(problem.xl, problem.xu)
+        free = ~self.ordered
+        Xp[:, free] = X[:, free]
+        size = problem.xu.astype(int) + 1
+        reset = (random_state.random(X.shape) < 1.0 / X.shape[1]) & free
+        # another choice: the index shifted by 1 .. size-1, modulo size
+        shift = np.floor(random_state.random(X.shape) * (size - 1)).astype(int) + 1
+        Xp[reset] = ((X.astype(int) + shift) % size)[reset]
+        return Xp
+
+
+class Unproposed(DefaultDuplicateElimination):
+    """pymoo's duplicate elimination that also drops what the strategy proposed before."""
+
+    def __init__(self, strategy: Strategy):
+        super().__init__()
+        self.strategy = strategy
+
+    def _do(self, pop, other, is_duplicate):
+        if other is None:
+            space, proposed = self.strategy.space, self.strategy.proposed
+            is_duplicate |= np.array([arch_key(space.from_indices(x)) in proposed for x in pop.get("X")],
+                                     dtype=bool)
+        return super()._do(pop, other, is_duplicate)

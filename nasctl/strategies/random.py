@@ -11,8 +11,13 @@ from .base import Strategy
 
 
 class RandomStrategy(Strategy):
-    def ask(self, n: int) -> list[dict]:
-        return [self.space.sample(self.rng) for _ in range(n)]
+    """Uniform samples of the space, none proposed twice."""
 
-    def tell(self, archs: Sequence[Arch], F: np.ndarray, G: np.ndarray) -> None:
+    def _ask(self, n: int) -> list[dict]:
+        out = []
+        while len(out) < n and (arch := self.fresh(lambda: self.space.sample(self.rng))) is not None:
+            out.append(arch)
+        return out
+
+    def _tell(self, archs: Sequence[Arch], F: np.ndarray, G: np.ndarray) -> None:
         pass
