@@ -19,21 +19,20 @@ import numpy as np
 from pymoo.algorithms.moo.nsga2 import NSGA2
 from pymoo.algorithms.moo.nsga3 import NSGA3
 from pymoo.config import Config
-from pymoo.core.crossover import Crossover
 from pymoo.core.duplicate import DefaultDuplicateElimination
 from pymoo.core.evaluator import Evaluator
-from pymoo.core.mutation import Mutation
 from pymoo.core.problem import Problem
 from pymoo.core.termination import NoTermination
 from pymoo.operators.crossover.sbx import SBX
 from pymoo.operators.mutation.pm import PM
+from pymoo.operators.repair.rounding import RoundingRepair
 from pymoo.operators.sampling.rnd import IntegerRandomSampling
 from pymoo.problems.static import StaticProblem
 from pymoo.util.ref_dirs import get_reference_directions
 
 from ..errors import UsageError
 from ..spaces.base import Arch, arch_key
-from .base import Strategy, ordered_knobs
+from .base import Strategy
 
 Config.warnings["not_compiled"] = False
 
@@ -53,12 +52,11 @@ class _PymooStrategy(Strategy):
         self._problem = Problem(n_var=len(upper), n_obj=self.n_obj, n_ieq_constr=self.n_constr,
                                 xl=np.zeros(len(upper)), xu=upper, vtype=int)
         self.pop_size = int(np.clip(self.budget // 10, 10, 40))
-        ordered = ordered_knobs(self.space)
         self._algorithm_ = self._algorithm(
             self.pop_size,
             sampling=IntegerRandomSampling(),
-            crossover=KnobCrossover(ordered),
-            mutation=KnobMutation(ordered),
+            crossover=SBX(prob=0.9, eta=15, vtype=float, repair=RoundingRepair()),
+            mutation=PM(eta=20, vtype=float, repair=RoundingRepair()),
             eliminate_duplicates=Unproposed(self),
         )
         self._algorithm_.setup(self._problem, termination=NoTermination(), seed=self.seed)
@@ -117,44 +115,6 @@ class AGEMOEAStrategy(_PymooStrategy):
         from pymoo.algorithms.moo.age import AGEMOEA
 
         return AGEMOEA(pop_size=pop_size, **operators)
-
-
-# -- operators over knob indices -------------------------------------------------------
-class KnobCrossover(Crossover):
-    """SBX with rounding on ordered knobs, uniform crossover on unordered ones."""
-
-    def __init__(self, ordered: np.ndarray):
-        super().__init__(2, 2, prob=0.9)
-        self.ordered = ordered
-        self.sbx = SBX(eta=15)
-
-    def _do(self, problem, X, *args, random_state=None, **kwargs):
-        Q = np.rint(self.sbx._do(problem, X, random_state=random_state)).clip(problem.xl, problem.xu)
-        swap = random_state.random(X.shape[1:]) < 0.5
-        uniform = np.where(swap, X[::-1], X)
-        Q[:, :, ~self.ordered] = uniform[:, :, ~self.ordered]
-        return Q
-
-
-class KnobMutation(Mutation):
-    """Polynomial mutation with rounding on ordered knobs; on unordered ones each knob,
-    with probability 1 / number of knobs, takes another choice at random."""
-
-    def __init__(self, ordered: np.ndarray):
-        super().__init__(prob=1.0)
-        self.ordered = ordered
-        self.pm = PM(eta=20)
-
-    def _do(self, problem, X, *args, random_state=None, **kwargs):
-        Xp = np.rint(self.pm._do(problem, X, random_state=random_state)).clip(problem.xl, problem.xu)
-        free = ~self.ordered
-        Xp[:, free] = X[:, free]
-        size = problem.xu.astype(int) + 1
-        reset = (random_state.random(X.shape) < 1.0 / X.shape[1]) & free
-        # another choice: the index shifted by 1 .. size-1, modulo size
-        shift = np.floor(random_state.random(X.shape) * (size - 1)).astype(int) + 1
-        Xp[reset] = ((X.astype(int) + shift) % size)[reset]
-        return Xp
 
 
 class Unproposed(DefaultDuplicateElimination):

@@ -1,0 +1,68 @@
+"""How well the profiled `cpu-local` device predicts whole models on this machine.
+
+Profiles this machine into a workspace (`nasctl hw profile --device cpu-local`; reused
+if the workspace already holds one, unless --reprofile), exports the reference zoo of
+ONNX models (`nasctl.hardware.zoo.export_zoo`), measures every model end to end with
+onnxruntime by the device's protocol, prices it with the device, and prints each
+model's error and the figures: the share of models within ±10% and ±5% of their
+measured latency, and the RMS percentage error.
+
+    python benchmarks/cpu_local.py [--workspace DIR] [--reprofile] [--kernels N] [--rounds N] [--json FILE]
+
+DIR defaults to runs/cpu-local-bench (git-ignored) beside this checkout's data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from nasctl import workspace
+from nasctl.hardware.fit import write_device
+from nasctl.hardware.loader import load_device
+from nasctl.hardware.profiler import Protocol, profile_machine, validate_models
+
+DEFAULT_WORKSPACE = Path(__file__).resolve().parents[1] / "runs" / "cpu-local-bench"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workspace", type=Path, default=DEFAULT_WORKSPACE, help="workspace holding hardware/cpu-local/")
+    ap.add_argument("--reprofile", action="store_true", help="profile again even if the workspace has a profile")
+    ap.add_argument("--kernels", type=int, default=6000, help="kernels to profile (nasctl hw profile --kernels)")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
+    ap.add_argument("--json", type=Path, help="also write the full result as JSON here")
+    args = ap.parse_args()
+
+    args.workspace.mkdir(parents=True, exist_ok=True)
+    workspace.set_workspace(args.workspace)
+    spec = args.workspace / "hardware" / "cpu-local" / "spec.yaml"
+    if args.reprofile or not spec.is_file():
+        t0 = time.perf_counter()
+        fitted = profile_machine("cpu-local", Protocol(rounds=args.rounds), kernels=args.kernels)
+        write_device(spec.parent, fitted)
+        print(f"profiled {fitted.report['networks']} context networks ({fitted.report['layers']} kernels) "
+              f"in {time.perf_counter() - t0:.0f} s -> {spec.parent}")
+    else:
+        print(f"reusing the profile in {spec.parent}")
+    device = load_device("cpu-local")
+
+    from nasctl.hardware.zoo import export_zoo
+
+    zoo_dir = args.workspace / "zoo"
+    paths = export_zoo(zoo_dir)
+    doc = validate_models(device, paths, rounds=args.rounds)
+    print(f"\n{'model':<28}{'predicted ms':>14}{'measured ms':>13}{'error':>9}")
+    for r in doc["models"]:
+        print(f"{r['model']:<28}{r['predicted_ms']:>14.3f}{r['measured_ms']:>13.3f}{r['error_pct']:>+8.1f}%")
+    s = doc["summary"]
+    print(f"\n{s['models']} zoo models: {s['within_10pct'] * 100:.0f}% within ±10%, "
+          f"{s['within_5pct'] * 100:.0f}% within ±5%, RMS error {s['rms_error_pct']:.1f}%")
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""How close each search strategy gets to NAS-Bench-201's true accuracy/latency fronts.
+
+Every registered strategy (or those named) searches the `nb201` space for CIFAR-10
+test accuracy (maximised) against the latency of each HW-NAS-Bench device (eyeriss,
+fpga, pixel3, raspi4; minimised), driven as the engine drives it, but answered from
+the benchmark tables instead of training: a budget counts distinct architectures
+queried; re-proposing one already queried costs nothing.  The score of a run is the
+hypervolume of every architecture it queried as a fraction of the hypervolume of the
+true front of the whole table, both objectives scaled to the true front's range
+(0 at its best, 1 at its worst value) with the reference point at 1.01 (1% beyond the
+front's nadir; points beyond it add nothing).  Printed: mean ± std over the seeds.
+
+The 341 degenerate cells (the cell output is cut off from its input; CIFAR-10 accuracy
+exactly 10.0) are left out of the true front, but stay queryable: a strategy that
+proposes one pays a query and gets the table's values, which lie beyond the
+reference point and add nothing to the score.
+
+    python benchmarks/nb201_search.py [--data DIR] [--strategies nsga2,random]
+        [--devices eyeriss,fpga,pixel3,raspi4] [--budgets 100,300] [--seeds 10] [--jobs 2]
+
+DIR holds `nb201_acc.csv` and `hwnasbench_nb201.csv` (default: $NASCTL_NB201_DIR, else
+../shared/benchmarks/nb201 next to this checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from nasctl.spaces.base import arch_key
+from nasctl.spaces.loader import load_space
+from nasctl.strategies import STRATEGIES
+
+DEVICES = ("eyeriss", "fpga", "pixel3", "raspi4")
+DEFAULT_DATA = Path(os.environ.get("NASCTL_NB201_DIR")
+                    or Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "nb201")
+STALLED_ROUNDS = 50  # as the engine: stop after this many rounds proposing nothing new
+
+
+class Table:
+    """Objective values (minimisation: -accuracy, latency) of every NB201 cell for one
+    device, keyed by the cell's knob indices, and the scaling of the true front."""
+
+    def __init__(self, data: Path, device: str):
+        import pandas as pd
+        from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
+
+        self.space = load_space("nb201")
+        acc = pd.read_csv(data / "nb201_acc.csv", usecols=["arch_str", "cifar10_test"])
+        lat = pd.read_csv(data / "hwnasbench_nb201.csv", usecols=["arch_str", f"cifar10_{device}_latency_ms"])
+        table = acc.merge(lat, on="arch_str", validate="one_to_one")
+        self.sizes = np.array([len(v.choices) for v in self.space.variables()])
+        codes = np.array([self.code(self.space.parse_arch(s)) for s in table["arch_str"]])
+        self.F = np.full((int(np.prod(self.sizes)), 2), np.nan)
+        self.F[codes] = np.column_stack([-table["cifar10_test"], table[f"cifar10_{device}_latency_ms"]])
+        ok = table["cifar10_test"].to_numpy() != 10.0
+        front = self.F[codes[ok]][NonDominatedSorting().do(self.F[codes[ok]], only_non_dominated_front=True)]
+        self.lo, self.hi = front.min(axis=0), front.max(axis=0)
+        self.front_size = len(front)
+        self.front_hv = self.hypervolume(front)
+
+    def code(self, arch) -> int:
+        return int(np.ravel_multi_index(self.space.to_indices(arch), self.sizes))
+
+    def hypervolume(self, F: np.ndarray) -> float:
+        from pymoo.indicators.hv import HV
+
+        return float(HV(ref_point=np.full(2, 1.01))((F - self.lo) / (self.hi - self.lo)))
+
+
+def search(table: Table, strategy_name: str, budget: int, seed: int) -> np.ndarray:
+    """Objective values of the distinct architectures the strategy queried, in order."""
+    strategy = STRATEGIES.get(strategy_name)()
+    strategy.setup(table.space, 2, 0, seed=seed, budget=budget)
+    seen: dict[str, np.ndarray] = {}
+    stalled = 0
+    while len(seen) < budget and stalled < STALLED_ROUNDS:
+        archs = strategy.ask(budget - len(seen))
+        if not archs:
+            break
+        before = len(seen)
+        for arch in archs:
+            key = arch_key(arch)
+            if key not in seen and len(seen) < budget:
+                seen[key] = table.F[table.code(arch)]
+        told = [a for a in archs if arch_key(a) in seen]
+        strategy.tell(told, np.array([seen[arch_key(a)] for a in told]).reshape(-1, 2), np.zeros((len(told), 0)))
+        stalled = stalled + 1 if len(seen) == before else 0
+    return np.array(list(seen.values()))
+
+
+_TABLES: dict[tuple[Path, str], Table] = {}
+
+
+def score(data: Path, device: str, strategy_name: str, budget: int, seed: int) -> tuple[float, float, int]:
+    """(hypervolume fraction, seconds, queries) of one run."""
+    if (data, device) not in _TABLES:
+        _TABLES[data, device] = Table(data, device)
+    table = _TABLES[data, device]
+    t = time.perf_counter()
+    F = search(table, strategy_name, budget, seed)
+    return table.hypervolume(F) / table.front_hv, time.perf_counter() - t, len(F)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                    help="folder holding nb201_acc.csv and hwnasbench_nb201.csv")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES.names()), help="comma-separated strategy names")
+    ap.add_argument("--devices", default=",".join(DEVICES), help="comma-separated HW-NAS-Bench devices")
+    ap.add_argument("--budgets", default="100,300", help="comma-separated numbers of table queries")
+    ap.add_argument("--seeds", type=int, default=10, help="runs per setting, seeds 0..SEEDS-1")
+    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
+    args = ap.parse_args()
+    for name in ("nb201_acc.csv", "hwnasbench_nb201.csv"):
+        if not (args.data / name).is_file():
+            raise SystemExit(f"error: {args.data / name} not found; pass --data DIR or set NASCTL_NB201_DIR")
+    strategies = args.strategies.split(",")
+    for name in strategies:
+        STRATEGIES.get(name)  # an unknown name fails here, naming the allowed ones
+    devices = args.devices.split(",")
+    bad = [d for d in devices if d not in DEVICES]
+    if bad:
+        raise SystemExit(f"error: unknown device(s) {', '.join(bad)}; allowed: {', '.join(DEVICES)}")
+    budgets = [int(b) for b in args.budgets.split(",")]
+    seeds = range(args.seeds)
+
+    print("NB201 search: hypervolume of all queried architectures / true front's, CIFAR-10 accuracy vs "
+          f"latency, mean ± std over {args.seeds} seeds; degenerate cells left out of the true front")
+    for device in devices:
+        table = Table(args.data, device)
+        print(f"  {device}: true front {table.front_size} points")
+    tasks = [(args.data, d, s, b, seed) for s in strategies for d in devices for b in budgets for seed in seeds]
+    with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else _Serial() as pool:
+        results = dict(zip(tasks, pool.map(score, *zip(*tasks))))
+
+    cols = [(d, b) for d in devices for b in budgets]
+    print()
+    print(f"{'strategy':<10}" + "".join(f"{d + ' ' + str(b):>16}" for d, b in cols) + f"{'s/run':>8}")
+    means = {}
+    for s in strategies:
+        cells, secs = [], []
+        for d, b in cols:
+            runs = [results[args.data, d, s, b, seed] for seed in seeds]
+            hv = np.array([r[0] for r in runs])
+            means[s, d, b] = hv.mean()
+            secs += [r[1] for r in runs]
+            cells.append(f"{hv.mean():.3f} ± {hv.std():.3f}")
+        print(f"{s:<10}" + "".join(f"{c:>16}" for c in cells) + f"{np.mean(secs):>8.2f}")
+    top = max(budgets)
+    print()
+    for d in devices:
+        best = max(strategies, key=lambda s: means[s, d, top])
+        print(f"{d}: best at {top} queries {best} {means[best, d, top]:.3f}")
+    if "random" in strategies:
+        beat = [s for s in strategies if s != "random" and all(means[s, d, top] > means["random", d, top]
+                                                               for d in devices)]
+        print(f"beat random at {top} queries on every device: {', '.join(beat) or 'none'}")
+
+
+class _Serial:
+    """The executor interface, run in this process."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def map(self, fn, *iterables):
+        return map(fn, *iterables)
+
+
+if __name__ == "__main__":
+    main()

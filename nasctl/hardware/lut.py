@@ -1,0 +1,366 @@
+"""`kind: lut` - a device priced from a table of measured kernels.
+
+A LUT device is a folder `hardware/NAME/` holding `spec.yaml` and the table `lut.csv`
+(`nasctl hw profile` measures one on this machine; `nasctl hw fit` makes one from any
+per-kernel table or from end-to-end measurements).  One row of the table is one kernel -
+a layer as `LayerSpec` describes it, with its fused batch norm and activation - and its
+measured cost in context:
+
+  op                 LayerSpec op kind (conv, linear, matmul, pool, add, mul, act, softmax,
+                     norm, resize, concat, split, data, conv_transpose)
+  in_ch, out_ch      channels in and out
+  in_h, in_w         input height, width (a sequence of T tokens: T, 1)
+  out_h, out_w       output height, width
+  kernel_h, kernel_w kernel size (1, 1 where it has none)
+  stride, groups     stride; groups (== in_ch for a depthwise conv)
+  w_bits, a_bits     weight and activation bit widths
+  fn                 fused activation, pooling mode, norm kind, ... (may be empty)
+  latency_ms         the kernel's latency
+  energy_mj          (optional) its energy; a device models energy only where every row has it
+
+Pricing a layer: a row with the layer's exact shape (`LayerSpec.shape_key`) gives its
+cost as stored; any other layer is priced by a regressor fitted, when the device loads,
+to the rows of its kernel type (the op; convs split into dense and depthwise) on
+log-scale features - MACs, elements read and written, weights, channels, positions,
+kernel area, stride, groups, bit widths and the activation - predicting log latency, so
+prices are always positive.  The spec names each type's regressor (`regressors:`,
+chosen by `nasctl hw fit` / `hw profile` by cross-validated error): `ridge`, a
+regularised log-log linear model; `boost`, gradient-boosted trees (monotone in every
+size feature); or `ratio`, cost proportional to the work, for types with few rows.
+Types without a named regressor get one chosen the same way at load time.  A layer
+whose op has no rows at all is reported as unsupported.
+
+Every priced layer also pays `overhead.per_layer_ms`, and the first layer of a list
+carries `overhead.per_model_ms`, the fixed cost of one inference run; both are fitted
+from end-to-end measurements (`nasctl.hardware.fit`).  With no energy column the device
+models latency only (`models_energy: false`).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any, Literal, Optional, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, NonNegativeFloat
+
+from .. import workspace
+from ..errors import ConfigError
+from .base import CostModel, CostReport, LayerCost
+from .layers import OPS, LayerSpec
+
+LUT_COLUMNS = ("op", "in_ch", "out_ch", "in_h", "in_w", "out_h", "out_w", "kernel_h", "kernel_w", "stride",
+               "groups", "w_bits", "a_bits", "fn", "latency_ms")
+ENERGY_COLUMN = "energy_mj"
+_INT_COLUMNS = LUT_COLUMNS[1:13]
+REGRESSORS = ("additive", "ridge", "boost")
+MIN_ROWS = {"additive": 1, "ridge": 12, "boost": 40}  # fewest rows each regressor is fitted on
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Overhead(_Strict):
+    per_model_ms: NonNegativeFloat = 0.0  # fixed cost of one inference run
+    per_layer_ms: float = 0.0             # added to every priced layer
+
+
+class LutSpec(_Strict):
+    name: str
+    kind: Literal["lut"]
+    description: str = ""
+    lut: str = "lut.csv"                  # the table, relative to the spec's folder
+    models_energy: bool = False
+    energy: str = ""                      # how energy was measured, or why it is not
+    overhead: Overhead = Overhead()
+    regressors: dict[str, Literal["additive", "ridge", "boost"]] = {}  # kernel type -> regressor
+    measurement: dict[str, Any] = {}      # how the table was measured (protocol, machine)
+    fit: dict[str, Any] = {}              # how the device was fitted, with its errors
+
+
+# --- rows and features -----------------------------------------------------------------
+
+def layer_from_row(row: dict) -> LayerSpec:
+    """The LayerSpec a table row describes (values already converted)."""
+    return LayerSpec(row["op"], row["in_ch"], row["out_ch"], (row["in_h"], row["in_w"]),
+                     (row["out_h"], row["out_w"]), (row["kernel_h"], row["kernel_w"]), row["stride"],
+                     row["groups"], row["w_bits"], row["a_bits"], fn=row["fn"])
+
+
+def row_from_layer(layer: LayerSpec, latency_ms: float, energy_mj: Optional[float] = None) -> dict:
+    row = {"op": layer.op, "in_ch": layer.in_ch, "out_ch": layer.out_ch, "in_h": layer.in_hw[0],
+           "in_w": layer.in_hw[1], "out_h": layer.out_hw[0], "out_w": layer.out_hw[1],
+           "kernel_h": layer.kernel[0], "kernel_w": layer.kernel[1], "stride": layer.stride,
+           "groups": layer.groups, "w_bits": layer.w_bits, "a_bits": layer.a_bits, "fn": layer.fn,
+           "latency_ms": latency_ms}
+    if energy_mj is not None:
+        row[ENERGY_COLUMN] = energy_mj
+    return row
+
+
+def read_lut(path: Path) -> list[dict]:
+    """The rows of a kernel table, checked: every documented column present, numbers
+    where numbers belong, a known op, a positive latency.  Errors name the file, the
+    line and the column."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+    reader = csv.DictReader(text.splitlines())
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    missing = [c for c in LUT_COLUMNS if c not in header]
+    if missing:
+        raise ConfigError(f"{path}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
+                          f"a kernel table needs: "
+                          f"{', '.join(LUT_COLUMNS)} (optional: {ENERGY_COLUMN})")
+    reader.fieldnames = header
+    has_energy = ENERGY_COLUMN in header
+    rows = []
+    for line, raw in enumerate(reader, start=2):
+        row: dict[str, Any] = {"op": (raw["op"] or "").strip(), "fn": (raw["fn"] or "").strip()}
+        if row["op"] not in OPS:
+            raise ConfigError(f"{path}: line {line}: op '{row['op']}' is not one of {', '.join(sorted(OPS))}")
+        for col in _INT_COLUMNS:
+            row[col] = _number(raw[col], int, path, line, col)
+        for col in ("latency_ms", ENERGY_COLUMN) if has_energy else ("latency_ms",):
+            row[col] = _number(raw[col], float, path, line, col)
+            if not row[col] > 0:
+                raise ConfigError(f"{path}: line {line}: {col} must be positive, got {raw[col]}")
+        rows.append(row)
+    if not rows:
+        raise ConfigError(f"{path}: the table has no rows")
+    return rows
+
+
+def _number(text, kind, path, line, col):
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{path}: line {line}: {col} '{text}' is not a number") from None
+    if kind is int:
+        if value != int(value) or value < (0 if col in ("in_h", "in_w") else 1):
+            raise ConfigError(f"{path}: line {line}: {col} '{text}' is not a positive whole number")
+        return int(value)
+    return value
+
+
+def write_lut(path: Path, rows: Sequence[dict]) -> None:
+    columns = list(LUT_COLUMNS) + ([ENERGY_COLUMN] if rows and ENERGY_COLUMN in rows[0] else [])
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, columns, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: (f"{row[c]:.8g}" if isinstance(row[c], float) else row[c]) for c in columns})
+
+
+def kernel_type(layer: LayerSpec) -> str:
+    """What a regressor is fitted per: the op, convs split into dense and depthwise."""
+    if layer.op == "conv" and layer.groups == layer.in_ch and layer.groups > 1:
+        return "conv_dw"
+    return layer.op
+
+
+# Activations runtimes do not fuse into a conv or linear kernel: an extra pass over the output.
+_UNFUSED = frozenset({"hardswish", "swish", "gelu"})
+# Sub-kinds the regressors tell apart (others count as none of them).
+FN_VOCAB = ("relu", "clip", "sigmoid", "hardsigmoid", "hardswish", "swish", "gelu", "max", "avg", "nearest",
+            "linear", "batch", "layer", "transpose", "slice", "gather")
+FEATURES = ("log_macs", "log_padded_macs", "log_in", "log_out", "log_params", "log_in_ch", "log_out_ch",
+            "log_in_pos", "log_out_pos", "log_kernel", "stride", "log_groups", "log_w_bits", "log_a_bits",
+            "out_ch_aligned", "in_ch_aligned", "tokens") + tuple(f"fn_{f}" for f in FN_VOCAB)
+BLOCK = 16  # channel block of vectorised CPU kernels (AVX-512 floats)
+
+
+def _padded_macs(layer: LayerSpec) -> int:
+    """MACs with the channels of a dense conv rounded up to whole vector blocks."""
+    if layer.op != "conv" or layer.groups != 1:
+        return layer.macs
+    up = lambda c: -(-c // BLOCK) * BLOCK  # noqa: E731
+    cin = up(layer.in_ch) if layer.in_ch >= 8 else layer.in_ch
+    return layer.out_hw[0] * layer.out_hw[1] * up(layer.out_ch) * cin * layer.kernel[0] * layer.kernel[1]
+
+
+def features(layers: Sequence[LayerSpec]) -> np.ndarray:
+    """Log-scale size features, channel alignment and the sub-kind, one row per layer."""
+    log = np.log1p
+    return np.array([[log(l.macs), log(_padded_macs(l)), log(l.in_elems), log(l.out_elems), log(l.params),
+                      log(l.in_ch), log(l.out_ch), log(l.in_hw[0] * l.in_hw[1]), log(l.out_hw[0] * l.out_hw[1]),
+                      log(l.kernel[0] * l.kernel[1]), l.stride, log(l.groups), log(l.w_bits), log(l.a_bits),
+                      l.out_ch % BLOCK == 0, (l.in_ch // l.groups) % BLOCK == 0, l.in_hw[1] == 1 and l.in_hw[0] > 1,
+                      *(l.fn == f for f in FN_VOCAB)] for l in layers], dtype=float).reshape(len(layers), len(FEATURES))
+
+
+def _terms(layers: Sequence[LayerSpec]) -> np.ndarray:
+    """The physical terms of an `additive` regressor: a fixed cost, MACs, elements moved,
+    weights, and the output again for an activation the kernel does not fuse."""
+    return np.array([[1.0, l.macs, l.in_elems + l.out_elems, l.params,
+                      l.out_elems * (l.fn in _UNFUSED)] for l in layers], dtype=float).reshape(len(layers), 5)
+
+
+# --- regressors (log latency from layers; fitted at load time, nothing pickled) --------
+
+class _Ridge:
+    """Regularised linear model of log latency on the log-scale features."""
+
+    def fit(self, layers, y):
+        X = features(layers)
+        self.mu, self.sd = X.mean(0), X.std(0)
+        self.sd[self.sd == 0] = 1.0
+        Z = np.hstack([(X - self.mu) / self.sd, np.ones((len(X), 1))])
+        reg = 1e-2 * len(X) * np.eye(Z.shape[1])
+        reg[-1, -1] = 0.0
+        self.w = np.linalg.solve(Z.T @ Z + reg, Z.T @ y)
+        return self
+
+    def predict(self, layers):
+        return np.hstack([(features(layers) - self.mu) / self.sd, np.ones((len(layers), 1))]) @ self.w
+
+
+class _Additive:
+    """latency = non-negative combination of the physical terms (relative least squares)."""
+
+    def fit(self, layers, y):
+        from scipy.optimize import nnls
+
+        A, t = _terms(layers), np.exp(y)
+        scale = A.max(axis=0)
+        scale[scale == 0] = 1.0
+        self.w = nnls(A / scale / t[:, None], np.ones(len(t)), maxiter=1000)[0] / scale
+        return self
+
+    def predict(self, layers):
+        return np.log(np.maximum(_terms(layers) @ self.w, 1e-9))
+
+
+class _Boost:
+    """The additive model, corrected by gradient-boosted trees on the log-scale features."""
+
+    def fit(self, layers, y):
+        from sklearn.ensemble import HistGradientBoostingRegressor
+
+        self.base = _Additive().fit(layers, y)
+        self.trees = HistGradientBoostingRegressor(max_iter=200, learning_rate=0.1, min_samples_leaf=3,
+                                                   random_state=0)
+        self.trees.fit(features(layers), y - self.base.predict(layers))
+        return self
+
+    def predict(self, layers):
+        return self.base.predict(layers) + self.trees.predict(features(layers))
+
+
+_MAKERS = {"ridge": _Ridge, "additive": _Additive, "boost": _Boost}
+
+
+def fit_regressor(kind: str, layers: Sequence[LayerSpec], values: np.ndarray):
+    return _MAKERS[kind]().fit(list(layers), np.log(values))
+
+
+def cross_validate(kind: str, layers: Sequence[LayerSpec], values: np.ndarray, folds: int = 5,
+                   seed: int = 0) -> float:
+    """Cost-weighted mean absolute error (%) of `kind` on held-out rows, k-fold: the
+    error in a sum of many such kernels."""
+    n = len(layers)
+    order = np.random.default_rng(seed).permutation(n)
+    pred = np.empty(n)
+    for k in range(folds):
+        test = order[k::folds]
+        train = np.setdiff1d(order, test)
+        model = fit_regressor(kind, [layers[i] for i in train], values[train])
+        pred[test] = np.exp(model.predict([layers[i] for i in test]))
+    return float(np.sum(np.abs(pred - values)) / np.sum(values) * 100)
+
+
+def choose_regressor(layers: Sequence[LayerSpec], values: np.ndarray) -> tuple[str, dict[str, float]]:
+    """The regressor with the least cross-validated error for these rows, and each one's error."""
+    candidates = [k for k in REGRESSORS if len(layers) >= MIN_ROWS[k]]
+    if len(layers) < 5:
+        return "additive", {}
+    errors = {k: round(cross_validate(k, layers, values), 2) for k in candidates}
+    return min(errors, key=errors.get), errors
+
+
+# --- the device ------------------------------------------------------------------------
+
+class LutDevice(CostModel):
+    """Prices layers from a measured kernel table; see the module docstring."""
+
+    def __init__(self, spec: LutSpec, rows: Sequence[dict], source: Optional[Path] = None):
+        self.spec = spec
+        self.name = spec.name
+        self.source = source
+        has_energy = all(ENERGY_COLUMN in r for r in rows)
+        if spec.models_energy and not has_energy:
+            raise ConfigError(f"{spec.name}: models_energy is true but the table has no {ENERGY_COLUMN} column")
+        self.models_energy = spec.models_energy
+        self.targets = ["latency_ms"] + ([ENERGY_COLUMN] if self.models_energy else [])
+        self._exact: dict[tuple, tuple[float, ...]] = {}
+        by_key: dict[tuple, list[dict]] = {}
+        self._rows: dict[str, list[dict]] = {}
+        for row in rows:
+            layer = layer_from_row(row)
+            by_key.setdefault(layer.shape_key(), []).append(row)
+        for key, same in by_key.items():  # repeated kernels: their median
+            self._exact[key] = tuple(float(np.median([r[t] for r in same])) for t in self.targets)
+            layer = layer_from_row(same[0])
+            self._rows.setdefault(kernel_type(layer), []).append({**same[0], **dict(zip(self.targets, self._exact[key]))})
+        self.chosen: dict[str, str] = {}
+        self._models: dict[str, list] = {}
+        for ktype, group in self._rows.items():
+            layers = [layer_from_row(r) for r in group]
+            kind = spec.regressors.get(ktype, "additive")
+            if len(group) < MIN_ROWS[kind]:
+                kind = "additive"
+            self.chosen[ktype] = kind
+            self._models[ktype] = [fit_regressor(kind, layers, np.array([r[t] for r in group])) for t in self.targets]
+        self._cache: dict[tuple, Optional[LayerCost]] = {}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], folder: Optional[Path] = None) -> LutDevice:
+        """Build from a parsed spec.  The table's path is relative to the spec's folder -
+        `folder`, else the folder of the device of this name in the workspace."""
+        spec = LutSpec.model_validate(data)
+        path = Path(spec.lut)
+        if not path.is_absolute():
+            base = folder if folder is not None else workspace.find("hardware", spec.name, "device").parent
+            path = base / path
+        if not path.is_file():
+            raise ConfigError(f"{spec.name}: its kernel table {path} does not exist")
+        return cls(spec, read_lut(path), path)
+
+    def _layer_cost(self, layer: LayerSpec) -> Optional[LayerCost]:
+        key = layer.shape_key()
+        if key not in self._cache:
+            self._cache[key] = self._price(layer, key)
+        return self._cache[key]
+
+    def _price(self, layer: LayerSpec, key: tuple) -> Optional[LayerCost]:
+        if key in self._exact:
+            values, how = self._exact[key], "table"
+        else:
+            models = self._models.get(kernel_type(layer))
+            if models is None:
+                return None
+            values = tuple(float(np.exp(m.predict([layer])[0])) for m in models)
+            how = f"{self.chosen[kernel_type(layer)]} regressor"
+        per_layer = self.spec.overhead.per_layer_ms
+        return LayerCost(max(values[0] + per_layer, 0.0), values[1] if self.models_energy else None, how)
+
+    def estimate(self, layers: Sequence[LayerSpec]) -> CostReport:
+        report = super().estimate(layers)
+        run = self.spec.overhead.per_model_ms
+        if report.costs and run:
+            first = report.costs[0]
+            report.costs[0] = LayerCost(first.latency_ms + run, first.energy_mj,
+                                        f"{first.mapping} + run overhead {run:.4g} ms")
+        return report
+
+    def describe(self) -> dict:
+        s = self.spec
+        return {"name": s.name, "kind": s.kind, "description": s.description, "table": str(self.source),
+                "kernels": len(self._exact),
+                "kernel_types": {k: {"rows": len(v), "regressor": self.chosen[k]} for k, v in sorted(self._rows.items())},
+                "models_energy": self.models_energy,
+                "energy": s.energy or ("modelled" if self.models_energy else "latency only"),
+                "overhead": s.overhead.model_dump(), "measurement": s.measurement, "fit": s.fit}

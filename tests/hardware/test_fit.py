@@ -1,0 +1,141 @@
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from nasctl.errors import UsageError
+from nasctl.hardware.fit import calibrate, fit_from_lut, fit_from_models, read_models_csv, write_device
+from nasctl.hardware.layers import LayerSpec
+from nasctl.hardware.lut import LutDevice, read_lut, row_from_layer
+
+
+def conv(cin, cout, hw, k=3, stride=1, groups=1, fn="relu"):
+    out = (hw + 2 * (k // 2) - k) // stride + 1
+    return LayerSpec("conv", cin, cout, (hw, hw), (out, out), (k, k), stride, groups, fn=fn)
+
+
+# A small pool of kernels and the true cost of each (ms).
+POOL = [conv(16, 16, 32), conv(16, 32, 32, stride=2), conv(32, 32, 16), conv(32, 32, 16, groups=32, fn=""),
+        conv(32, 64, 16, k=1), LayerSpec("add", 32, 32, (16, 16), (16, 16)), LayerSpec("pool", 64, 64, (16, 16),
+        (1, 1), (16, 16), fn="avg"), LayerSpec("linear", 64, 10, (1, 1), (1, 1))]
+TRUE = np.array([0.080, 0.045, 0.030, 0.012, 0.020, 0.004, 0.003, 0.002])
+OVERHEAD = 0.015
+
+
+def random_models(n, rng):
+    """Models drawing 1-4 copies of random kernels from POOL; latency = Σ true costs + overhead."""
+    models, latency = [], []
+    for _ in range(n):
+        counts = rng.integers(0, 4, len(POOL))
+        counts[rng.integers(len(POOL))] += 1
+        models.append([layer for layer, c in zip(POOL, counts) for _ in range(c)])
+        latency.append(float(counts @ TRUE) + OVERHEAD)
+    return models, latency
+
+
+def test_fit_from_models_recovers_known_kernel_costs():
+    models, latency = random_models(60, np.random.default_rng(0))
+    fitted = fit_from_models("synthetic", models, latency)
+    assert fitted.spec["fit"]["grouping"] == "kernels"
+    device = fitted.device()
+    for layer, cost in zip(POOL, TRUE):
+        assert device.estimate([layer]).costs[0].latency_ms - OVERHEAD == pytest.approx(cost, rel=0.03)
+    test, truth = random_models(20, np.random.default_rng(1))
+    pred = np.array([device.estimate(m).latency_ms for m in test])
+    assert np.max(np.abs(pred / truth - 1)) < 0.02
+
+
+def test_few_models_fit_costs_per_op_type():
+    """Latency linear in each type's work: a handful of models determine it, and it
+    extends to kernels none of them contained."""
+    rng = np.random.default_rng(2)
+    per_mac, per_layer = 2e-8, 0.003
+    models = [[conv(int(rng.choice([8, 16, 32])), int(rng.choice([16, 32, 64])), int(rng.choice([8, 16, 32])))
+               for _ in range(int(rng.integers(2, 8)))] for _ in range(8)]
+    latency = [sum(per_mac * l.macs + per_layer for l in m) + OVERHEAD for m in models]
+    fitted = fit_from_models("few", models, latency)
+    assert fitted.spec["fit"]["grouping"] in ("types", "types-shared")
+    unseen = [conv(24, 48, 20), conv(48, 96, 10)]
+    assert fitted.device().estimate(unseen).latency_ms == pytest.approx(
+        sum(per_mac * l.macs + per_layer for l in unseen) + OVERHEAD, rel=0.03)
+
+
+def test_too_few_models_is_a_one_line_error():
+    models, latency = random_models(3, np.random.default_rng(3))
+    with pytest.raises(UsageError, match="too few"):
+        fit_from_models("x", models, latency)
+
+
+def test_fit_from_a_hand_made_table_and_write_it(tmp_path):
+    lines = ["op,in_ch,out_ch,in_h,in_w,out_h,out_w,kernel_h,kernel_w,stride,groups,w_bits,a_bits,fn,latency_ms"]
+    for cout in (8, 16, 32, 64, 128):
+        for hw in (8, 16, 32):
+            lines.append(f"conv,16,{cout},{hw},{hw},{hw},{hw},3,3,1,1,32,32,relu,{0.001 + hw * hw * cout * 144 * 1e-8:.6f}")
+    (tmp_path / "phone.csv").write_text("\n".join(lines) + "\n")
+    fitted = fit_from_lut("phone", read_lut(tmp_path / "phone.csv"))
+    spec_path = write_device(tmp_path / "hardware" / "phone", fitted)
+    spec = yaml.safe_load(spec_path.read_text())
+    assert spec["kind"] == "lut" and spec["models_energy"] is False and "latency only" in spec["energy"]
+    device = LutDevice.from_dict({**spec, "name": "phone"}, spec_path.parent)
+    assert device.estimate([conv(16, 32, 16)]).latency_ms == pytest.approx(0.001 + 16 * 16 * 32 * 144 * 1e-8, rel=1e-4)
+    assert device.estimate([conv(16, 48, 24)]).latency_ms == pytest.approx(0.001 + 24 * 24 * 48 * 144 * 1e-8,
+                                                                           rel=0.1)
+
+
+def test_calibration_recovers_a_scale_and_the_overheads():
+    rows = [row_from_layer(layer, cost) for layer, cost in zip(POOL, TRUE)]
+    models, _ = random_models(40, np.random.default_rng(4))
+    latency = [1.5 * sum(TRUE[POOL.index(layer)] for layer in m) + 0.001 * len(m) + 0.02 for m in models]
+    cal = calibrate(fit_from_lut("t", rows).device(), models, latency)
+    assert list(cal["scale"].values()) == pytest.approx([1.5] * len(cal["scale"]), rel=0.02)
+    assert cal["per_layer_ms"] == pytest.approx(0.001, abs=2e-4) and cal["per_model_ms"] == pytest.approx(0.02, rel=0.1)
+    fitted = fit_from_lut("t", rows, (models, latency))
+    pred = [fitted.device().estimate(m).latency_ms for m in models]
+    assert np.allclose(pred, latency, rtol=0.02)
+
+
+def test_models_csv_with_onnx_and_arch_columns(tmp_path, onnx_models):
+    (tmp_path / "m.csv").write_text("onnx,latency_ms\n" + "".join(f"{p.name},{i + 1}\n" for i, p in enumerate(onnx_models)))
+    layers, latency = read_models_csv(tmp_path / "m.csv")
+    assert latency == [1.0, 2.0] and [layer.op for layer in layers[0]] == ["conv"]
+    arch = "|nor_conv_3x3~0|+|skip_connect~0|nor_conv_1x1~1|+|avg_pool_3x3~0|none~1|nor_conv_3x3~2|"
+    (tmp_path / "a.csv").write_text(f"arch,latency_ms\n{arch},3.5\n")
+    layers, latency = read_models_csv(tmp_path / "a.csv", space="nb201")
+    assert latency == [3.5] and any(layer.op == "conv" for layer in layers[0])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("arch,time\nx,1\n", "missing column latency_ms"),
+    ("name,latency_ms\nx,1\n", "missing column arch or onnx"),
+    ("onnx,latency_ms\nm.onnx,fast\n", "latency_ms 'fast' is not a number"),
+    ("arch,latency_ms\n{},1\n", "needs --space"),
+])
+def test_malformed_models_tables(tmp_path, text, message):
+    (tmp_path / "m.csv").write_text(text)
+    with pytest.raises(UsageError, match=message):
+        read_models_csv(tmp_path / "m.csv")
+
+
+@pytest.fixture
+def onnx_models(tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+
+    paths = []
+    for i, cout in enumerate((8, 16)):
+        w = numpy_helper.from_array(np.ones((cout, 3, 3, 3), np.float32), "w")
+        graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4, name="c")], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, 16, 16])], [w])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        path = tmp_path / f"m{i}.onnx"
+        path.write_bytes(model.SerializeToString())
+        paths.append(path)
+    return paths
+
+
+def test_fit_report_is_json_serialisable():
+    models, latency = random_models(30, np.random.default_rng(5))
+    fitted = fit_from_models("j", models, latency)
+    json.dumps(fitted.spec)
+    yaml.safe_dump(fitted.spec)

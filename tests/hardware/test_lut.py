@@ -1,0 +1,105 @@
+import numpy as np
+import pytest
+import yaml
+
+from nasctl.errors import ConfigError
+from nasctl.hardware.layers import LayerSpec
+from nasctl.hardware.lut import (LUT_COLUMNS, LutDevice, LutSpec, features, layer_from_row, read_lut,
+                                 row_from_layer, write_lut)
+
+
+def conv(cin, cout, hw, k=3, stride=1, groups=1, fn="relu", bits=32):
+    out = (hw + 2 * (k // 2) - k) // stride + 1
+    return LayerSpec("conv", cin, cout, (hw, hw), (out, out), (k, k), stride, groups, bits, bits, fn=fn)
+
+
+def synthetic_rows(rng, n=80):
+    """Conv kernels costing 1 µs + 1 ns per 100 MACs, with 3% noise; a few adds."""
+    rows = []
+    for _ in range(n):
+        layer = conv(int(rng.choice([16, 32, 64])), int(rng.choice([16, 32, 64, 128])), int(rng.choice([8, 16, 32])),
+                     k=int(rng.choice([1, 3])), stride=int(rng.choice([1, 2])))
+        rows.append(row_from_layer(layer, (1e-3 + layer.macs * 1e-8) * rng.uniform(0.97, 1.03)))
+    for hw in (8, 16, 32):
+        add = LayerSpec("add", 32, 32, (hw, hw), (hw, hw))
+        rows.append(row_from_layer(add, 1e-3 + add.in_elems * 1e-7))
+    return rows
+
+
+@pytest.fixture
+def rows():
+    return synthetic_rows(np.random.default_rng(0))
+
+
+def device(rows, **spec):
+    return LutDevice(LutSpec.model_validate({"name": "t", "kind": "lut", **spec}), rows)
+
+
+def test_exact_hit_is_the_table_value_and_unseen_kernels_are_regressed(rows):
+    dev = device(rows, overhead={"per_layer_ms": 0.0})
+    first = layer_from_row(rows[0])
+    cost = dev.estimate([first]).costs[0]
+    assert cost.latency_ms == pytest.approx(rows[0]["latency_ms"]) and cost.mapping == "table"
+    unseen = conv(48, 96, 24)
+    cost = dev.estimate([unseen]).costs[0]
+    assert "regressor" in cost.mapping
+    assert cost.latency_ms == pytest.approx(1e-3 + unseen.macs * 1e-8, rel=0.15)
+
+
+def test_regressed_conv_cost_is_positive_and_grows_with_macs(rows):
+    dev = device(rows)
+    sweep = [dev.estimate([conv(40, cout, 20)]).latency_ms for cout in (12, 24, 48, 96, 192, 384)]
+    assert all(c > 0 for c in sweep)
+    assert all(b >= a for a, b in zip(sweep, sweep[1:])) and sweep[-1] > 4 * sweep[0]
+
+
+def test_ops_without_rows_are_unsupported(rows):
+    report = device(rows).estimate([conv(8, 16, 8), LayerSpec("softmax", 10, 10, (1, 1), (1, 1))])
+    assert report.unsupported == {"softmax": 1}
+
+
+def test_overheads_per_layer_and_per_model(rows):
+    plain, padded = device(rows), device(rows, overhead={"per_model_ms": 0.05, "per_layer_ms": 0.002})
+    layers = [layer_from_row(r) for r in rows[:5]]
+    assert padded.estimate(layers).latency_ms == pytest.approx(plain.estimate(layers).latency_ms + 0.05 + 5 * 0.002)
+    assert "run overhead" in padded.estimate(layers).costs[0].mapping
+
+
+def test_energy_is_modelled_only_where_the_table_has_it(rows):
+    assert not device(rows).models_energy and device(rows).estimate([conv(8, 16, 8)]).energy_mj is None
+    with_energy = [{**r, "energy_mj": r["latency_ms"] * 2} for r in rows]
+    dev = device(with_energy, models_energy=True)
+    assert dev.estimate([layer_from_row(with_energy[0])]).energy_mj == pytest.approx(with_energy[0]["energy_mj"])
+    with pytest.raises(ConfigError, match="energy_mj"):
+        device(rows, models_energy=True)
+
+
+def test_table_round_trip_and_loading_from_a_folder(tmp_path, rows):
+    write_lut(tmp_path / "lut.csv", rows)
+    assert (tmp_path / "lut.csv").read_text().splitlines()[0] == ",".join(LUT_COLUMNS)
+    back = read_lut(tmp_path / "lut.csv")
+    assert [layer_from_row(r) for r in back] == [layer_from_row(r) for r in rows]
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump({"kind": "lut", "name": "t"}))
+    dev = LutDevice.from_dict({"kind": "lut", "name": "t"}, tmp_path)
+    assert dev.describe()["kernels"] == len({layer_from_row(r).shape_key() for r in rows})
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda text: text.replace("kernel_w,", "", 1), "missing column kernel_w"),
+    (lambda text: text.replace("conv,", "convolution,", 1), "op 'convolution' is not one of"),
+    (lambda text: text.replace(",relu,", ",relu,fast", 1), "latency_ms 'fast"),
+])
+def test_malformed_tables_fail_in_one_line(tmp_path, rows, edit, message):
+    write_lut(tmp_path / "lut.csv", rows)
+    path = tmp_path / "lut.csv"
+    path.write_text(edit(path.read_text()))
+    with pytest.raises(ConfigError, match=message) as info:
+        read_lut(path)
+    assert "\n" not in str(info.value)
+
+
+def test_features_tell_depthwise_and_activations_apart():
+    dense, depthwise = conv(32, 32, 16), conv(32, 32, 16, groups=32)
+    f = features([dense, depthwise])
+    assert f.shape[0] == 2 and not np.array_equal(f[0], f[1])
+    assert not np.array_equal(features([conv(32, 32, 16, fn="gelu")]), features([dense]))
