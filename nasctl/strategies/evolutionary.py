@@ -111,7 +111,7 @@ class AGEMOEAStrategy(_PymooStrategy):
 
     def _algorithm(self, pop_size: int, **operators):
         if importlib.util.find_spec("numba") is None:  # pymoo compiles AGE-MOEA's survival with numba
-            raise UsageError("strategy 'agemoea' needs numba; install it with: pip install numba")
+            raise UsageError("strategy 'agemoea' needs numba; install it with: pip install 'nasctl[agemoea]'")
         from pymoo.algorithms.moo.age import AGEMOEA
 
         return AGEMOEA(pop_size=pop_size, **operators)
