@@ -213,14 +213,18 @@ def _median_rows(rows: Sequence[dict], targets: Sequence[str]) -> list[dict]:
 
 
 def _choose_regressors(fitted: FittedDevice) -> None:
+    """Each kernel type's regressor, by cross-validation; rows that carry a `group` (the
+    model they were measured in) are held out a group at a time."""
     by_type: dict[str, list[dict]] = {}
     for row in fitted.rows:
         by_type.setdefault(kernel_type(layer_from_row(row)), []).append(row)
     chosen, errors = {}, {}
     for t, rows in sorted(by_type.items()):
-        kind, err = choose_regressor([layer_from_row(r) for r in rows], np.array([r["latency_ms"] for r in rows]))
+        groups = [r["group"] for r in rows] if all("group" in r for r in rows) else None
+        kind, err = choose_regressor([layer_from_row(r) for r in rows], np.array([r["latency_ms"] for r in rows]),
+                                     groups)
         chosen[t] = kind
-        errors[t] = {"rows": len(rows), **({"cv_rms_error_pct": err} if err else {})}
+        errors[t] = {"rows": len(rows), **({"cv_weighted_abs_error_pct": err} if err else {})}
     fitted.spec["regressors"] = chosen
     fitted.spec.setdefault("fit", {})["regressors"] = errors
 

@@ -54,8 +54,8 @@ LUT_COLUMNS = ("op", "in_ch", "out_ch", "in_h", "in_w", "out_h", "out_w", "kerne
                "groups", "w_bits", "a_bits", "fn", "latency_ms")
 ENERGY_COLUMN = "energy_mj"
 _INT_COLUMNS = LUT_COLUMNS[1:13]
-REGRESSORS = ("additive", "ridge", "boost")
-MIN_ROWS = {"additive": 1, "ridge": 12, "boost": 40}  # fewest rows each regressor is fitted on
+REGRESSORS = ("additive", "ridge", "boost", "nearest")
+MIN_ROWS = {"additive": 1, "ridge": 12, "boost": 40, "nearest": 5}  # fewest rows each regressor is fitted on
 
 
 class _Strict(BaseModel):
@@ -75,7 +75,7 @@ class LutSpec(_Strict):
     models_energy: bool = False
     energy: str = ""                      # how energy was measured, or why it is not
     overhead: Overhead = Overhead()
-    regressors: dict[str, Literal["additive", "ridge", "boost"]] = {}  # kernel type -> regressor
+    regressors: dict[str, Literal["additive", "ridge", "boost", "nearest"]] = {}  # kernel type -> regressor
     measurement: dict[str, Any] = {}      # how the table was measured (protocol, machine)
     fit: dict[str, Any] = {}              # how the device was fitted, with its errors
 
@@ -156,10 +156,10 @@ def write_lut(path: Path, rows: Sequence[dict]) -> None:
 
 
 def kernel_type(layer: LayerSpec) -> str:
-    """What a regressor is fitted per: the op, convs split into dense and depthwise."""
-    if layer.op == "conv" and layer.groups == layer.in_ch and layer.groups > 1:
-        return "conv_dw"
-    return layer.op
+    """What a regressor is fitted per: the op, convs split into dense and depthwise, and
+    the bit widths where they are not float32 (quantized kernels are other kernels)."""
+    name = "conv_dw" if layer.op == "conv" and layer.groups == layer.in_ch and layer.groups > 1 else layer.op
+    return name if (layer.w_bits, layer.a_bits) == (32, 32) else f"{name}_w{layer.w_bits}a{layer.a_bits}"
 
 
 # Activations runtimes do not fuse into a conv or linear kernel: an extra pass over the output.
@@ -235,49 +235,87 @@ class _Additive:
 
 
 class _Boost:
-    """The additive model, corrected by gradient-boosted trees on the log-scale features."""
+    """Gradient-boosted trees on the log-scale features predicting the log of the time per
+    unit of work (MACs with channels padded to vector blocks, else elements moved): a
+    smooth target, and beyond the measured sizes the rate of the nearest ones holds."""
 
     def fit(self, layers, y):
         from sklearn.ensemble import HistGradientBoostingRegressor
 
-        self.base = _Additive().fit(layers, y)
-        self.trees = HistGradientBoostingRegressor(max_iter=200, learning_rate=0.1, min_samples_leaf=3,
-                                                   random_state=0)
-        self.trees.fit(features(layers), y - self.base.predict(layers))
+        self.trees = HistGradientBoostingRegressor(loss="absolute_error", max_iter=300, learning_rate=0.1,
+                                                   min_samples_leaf=3, random_state=0)
+        self.trees.fit(features(layers), y - np.log(_work(layers)))
         return self
 
     def predict(self, layers):
-        return self.base.predict(layers) + self.trees.predict(features(layers))
+        return np.log(_work(layers)) + self.trees.predict(features(layers))
 
 
-_MAKERS = {"ridge": _Ridge, "additive": _Additive, "boost": _Boost}
+class _Nearest:
+    """Priced like the most similar measured kernels: the throughput (work per ms) of the k
+    nearest rows in the standardised log-feature space, distance-weighted, times this
+    kernel's work (MACs with channels padded to vector blocks, else elements moved)."""
+
+    k = 5
+
+    def fit(self, layers, y):
+        X = features(layers)
+        self.mu, self.sd = X.mean(0), X.std(0)
+        self.sd[self.sd == 0] = 1.0
+        self.Z = (X - self.mu) / self.sd
+        self.rate = y - np.log(_work(layers))
+        return self
+
+    def predict(self, layers):
+        Z = (features(layers) - self.mu) / self.sd
+        d = np.sqrt(((Z[:, None, :] - self.Z[None, :, :]) ** 2).sum(-1))
+        k = min(self.k, len(self.Z))
+        idx = np.argsort(d, axis=1)[:, :k]
+        w = 1.0 / (np.take_along_axis(d, idx, 1) + 1e-3)
+        return np.log(_work(layers)) + (w * self.rate[idx]).sum(1) / w.sum(1)
+
+
+def _work(layers: Sequence[LayerSpec]) -> np.ndarray:
+    return np.array([max(_padded_macs(l) if l.macs else l.in_elems + l.out_elems, 1) for l in layers], dtype=float)
+
+
+_MAKERS = {"ridge": _Ridge, "additive": _Additive, "boost": _Boost, "nearest": _Nearest}
 
 
 def fit_regressor(kind: str, layers: Sequence[LayerSpec], values: np.ndarray):
     return _MAKERS[kind]().fit(list(layers), np.log(values))
 
 
-def cross_validate(kind: str, layers: Sequence[LayerSpec], values: np.ndarray, folds: int = 5,
-                   seed: int = 0) -> float:
+def cross_validate(kind: str, layers: Sequence[LayerSpec], values: np.ndarray, groups: Optional[Sequence] = None,
+                   folds: int = 5, seed: int = 0) -> float:
     """Cost-weighted mean absolute error (%) of `kind` on held-out rows, k-fold: the
-    error in a sum of many such kernels."""
+    error in a sum of many such kernels.  With `groups` (e.g. the network each row was
+    measured in) whole groups are held out together, as a new model would be."""
     n = len(layers)
-    order = np.random.default_rng(seed).permutation(n)
-    pred = np.empty(n)
+    rng = np.random.default_rng(seed)
+    if groups is None:
+        fold = rng.permutation(n) % folds
+    else:
+        names = sorted(set(groups), key=str)
+        of_group = dict(zip(names, rng.permutation(len(names)) % folds))
+        fold = np.array([of_group[g] for g in groups])
+    pred = np.full(n, np.nan)
     for k in range(folds):
-        test = order[k::folds]
-        train = np.setdiff1d(order, test)
-        model = fit_regressor(kind, [layers[i] for i in train], values[train])
-        pred[test] = np.exp(model.predict([layers[i] for i in test]))
-    return float(np.sum(np.abs(pred - values)) / np.sum(values) * 100)
+        test, train = np.flatnonzero(fold == k), np.flatnonzero(fold != k)
+        if len(test) and len(train):
+            model = fit_regressor(kind, [layers[i] for i in train], values[train])
+            pred[test] = np.exp(model.predict([layers[i] for i in test]))
+    ok = ~np.isnan(pred)
+    return float(np.sum(np.abs(pred[ok] - values[ok])) / np.sum(values[ok]) * 100)
 
 
-def choose_regressor(layers: Sequence[LayerSpec], values: np.ndarray) -> tuple[str, dict[str, float]]:
+def choose_regressor(layers: Sequence[LayerSpec], values: np.ndarray,
+                     groups: Optional[Sequence] = None) -> tuple[str, dict[str, float]]:
     """The regressor with the least cross-validated error for these rows, and each one's error."""
-    candidates = [k for k in REGRESSORS if len(layers) >= MIN_ROWS[k]]
-    if len(layers) < 5:
+    if len(layers) < 5 or (groups is not None and len(set(groups)) < 2):
         return "additive", {}
-    errors = {k: round(cross_validate(k, layers, values), 2) for k in candidates}
+    candidates = [k for k in REGRESSORS if len(layers) >= MIN_ROWS[k]]
+    errors = {k: round(cross_validate(k, layers, values, groups), 2) for k in candidates}
     return min(errors, key=errors.get), errors
 
 

@@ -684,17 +684,19 @@ def _time_together(paths: Sequence[Path], protocol: Protocol, workdir: Path, rng
                    on_round: Optional[Callable[[], None]] = None) -> tuple[list[list[tuple[str, float]]], np.ndarray]:
     """Profile and time models together: each one's node times (profiled sessions) and
     end-to-end time (plain sessions), both by the interleaved protocol."""
-    profiled, plain, psessions = [], [], []
+    feeds, runs, sessions = [], [], []
     for i, path in enumerate(paths):
-        psess = make_session(path, protocol.threads, str(workdir / f"{Path(path).stem}-prof{i}"))
+        sess = make_session(path, protocol.threads, str(workdir / f"{Path(path).stem}-prof{i}"))
+        feeds.append(random_feed(sess, rng))
+        sessions.append(sess)
+        runs.append(lambda s=sess, f=feeds[-1]: s.run(None, f))
+    interleaved_min(runs, protocol, on_round)
+    nodes = [_node_times(s.end_profiling()) for s in sessions]
+    del sessions[:], runs[:]  # free the profiled sessions before opening the plain ones
+    for path, feed in zip(paths, feeds):
         sess = make_session(path, protocol.threads)
-        feed = random_feed(sess, rng)
-        psessions.append(psess)
-        profiled.append(lambda s=psess, f=feed: s.run(None, f))
-        plain.append(lambda s=sess, f=feed: s.run(None, f))
-    interleaved_min(profiled, protocol, on_round)
-    latency = interleaved_min(plain, protocol, on_round)
-    return [_node_times(s.end_profiling()) for s in psessions], latency
+        runs.append(lambda s=sess, f=feed: s.run(None, f))
+    return nodes, interleaved_min(runs, protocol, on_round)
 
 
 def _kernel_alone(model, tag: str):
@@ -799,39 +801,50 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0)
                    "kernels_timed_alone": sum(len(m.alone) for m in measured)}
 
 
-def profile_machine(name: str, protocol: Protocol, kernels: int = 6000, seed: int = 0, batch: int = 20,
+def profile_machine(name: str, protocol: Protocol, kernels: int = 6000, seed: int = 0, chunk: int = 80,
                     on_progress: Optional[Callable[[int, int, str], None]] = None):
-    """Measure context networks until `kernels` layers are timed; fit the device from them."""
+    """Build context networks until they hold `kernels` kernels, measure them `chunk` at a
+    time (interleaved: a busy spell on the machine slows every network of a chunk alike,
+    and the minimum over rounds spread over the chunk's minutes avoids it), and fit the
+    device from them."""
     from .fit import fit_from_lut
     from .lut import row_from_layer
 
     rng = np.random.default_rng(seed)
-    measured: list[MeasuredNetwork] = []
-    done = 0
     start = time.perf_counter()
+    networks, count = [], 0
+    while count < kernels:
+        networks.append(random_network(rng))
+        count += len({m.group(1) for n in networks[-1][0].graph.node if (m := TAG.search(n.name))})
+    chunks = -(-len(networks) // chunk)
+    total = 3 * protocol.rounds * chunks  # per chunk: profiled rounds, end-to-end rounds, long kernels alone
+    ticks = iter(range(1, 10 ** 9))
+
+    def tick():
+        if on_progress is not None:
+            on_progress(min(next(ticks), total), total, f"{len(networks)} networks")
+
+    if on_progress is not None:
+        on_progress(0, total, f"building {len(networks)} networks")
+    measured: list[MeasuredNetwork] = []
     with tempfile.TemporaryDirectory(prefix="nasctl-profile-") as tmp:
-        while done < kernels:
-            nets = [random_network(rng) for _ in range(batch)]
-            size = sum(len(n[0].graph.node) for n in nets)
-            rounds = iter(range(1, 10 ** 9))
-
-            def tick(base=done):  # two passes of rounds, plus one for long kernels: about 3 x rounds
-                if on_progress is not None:
-                    share = min(next(rounds) / (3 * protocol.rounds), 0.95)
-                    on_progress(min(kernels, base + int(size * share)), kernels, f"{len(measured)} networks")
-
-            batch_dir = Path(tmp) / f"batch{len(measured)}"
-            batch_dir.mkdir()
-            measured += measure_networks(nets, protocol, batch_dir, seed=len(measured), on_round=tick)
-            done = sum(len(m.layers) for m in measured)
-            if on_progress is not None:
-                on_progress(min(done, kernels), kernels, f"{len(measured)} networks")
+        for first in range(0, len(networks), chunk):  # chunks bound the memory of open sessions
+            folder = Path(tmp) / f"chunk{first}"
+            folder.mkdir()
+            measured += measure_networks(networks[first:first + chunk], protocol, folder, seed=seed + first,
+                                         on_round=tick)
+    done = sum(len(m.layers) for m in measured)
+    if on_progress is not None:
+        on_progress(total, total, "fitting the regressors")
     costs, norm = in_context_costs(measured)
-    rows = [row_from_layer(layer, ms) for m, ts in zip(measured, costs) for layer, ms in zip(m.layers, ts)]
+    rows = [{**row_from_layer(layer, ms), "group": i} for i, (m, ts) in enumerate(zip(measured, costs))
+            for layer, ms in zip(m.layers, ts)]
     measurement = {**protocol.describe(), "context_networks": len(measured), "kernels_timed": done, "seed": seed,
                    "how": "per-node kernel times from onnxruntime profiling inside random context networks, summed "
-                          "per kernel (minimum over the profiled runs), less the profiler's own cost per node, "
-                          "then scaled per network to add up to its end-to-end time less the run overhead",
+                          "per kernel (minimum over the profiled runs) less the profiler's own cost per node; "
+                          "kernels profiled longer than 0.5 ms timed again alone (thread clock) less the run "
+                          "overhead and the layout reorders around them; the run overhead and the profiler's cost "
+                          "per node fitted to the networks' end-to-end times",
                    **norm, "machine": machine()}
     energy = ("latency only: this machine exposes no readable energy counters (RAPL)" if not energy_counters()
               else "latency only: energy counters are present but nasctl does not yet apportion them to kernels")

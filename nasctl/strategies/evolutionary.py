@@ -1,11 +1,12 @@
 """Evolutionary strategies from pymoo (NSGA-II, NSGA-III, AGE-MOEA), driven through its
 ask/tell interface.
 
-Each knob is searched as the index of its choice.  Ordered knobs (numeric choices:
-depths, widths, bit-widths) take simulated binary crossover and polynomial mutation
-with rounding; unordered ones (op names) take uniform crossover and random-reset
-mutation, since neighbouring indices mean nothing there.  Offspring that repeat an
-architecture proposed before are dropped and bred again, so every generation is new.
+Each knob is searched as the index of its choice: integer sampling, then simulated
+binary crossover and polynomial mutation followed by rounding repair, so every
+proposal is a valid choice for every knob.  (On NAS-Bench-201, whose op knobs are
+unordered names, this did as well as uniform crossover with random-reset mutation:
+see benchmarks/README.md.)  Offspring that repeat an architecture proposed before are
+dropped and bred again, so every generation is new.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ Config.warnings["not_compiled"] = False
 class _PymooStrategy(Strategy):
     """A pymoo genetic algorithm; subclasses name it in `_algorithm`.
 
-    Population: budget // 10, clamped to [10, 40] (many short generations find a front
-    faster than few long ones)."""
+    Population: budget // 20, clamped to [10, 40]: many short generations find a front
+    in fewer evaluations than a few long ones."""
 
     @abstractmethod
     def _algorithm(self, pop_size: int, **operators):
@@ -51,7 +52,7 @@ class _PymooStrategy(Strategy):
         upper = np.array([len(v.choices) - 1 for v in self.space.variables()], dtype=float)
         self._problem = Problem(n_var=len(upper), n_obj=self.n_obj, n_ieq_constr=self.n_constr,
                                 xl=np.zeros(len(upper)), xu=upper, vtype=int)
-        self.pop_size = int(np.clip(self.budget // 10, 10, 40))
+        self.pop_size = int(np.clip(self.budget // 20, 10, 40))
         self._algorithm_ = self._algorithm(
             self.pop_size,
             sampling=IntegerRandomSampling(),

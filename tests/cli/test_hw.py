@@ -1,0 +1,124 @@
+import json
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from nasctl.cli import app
+from nasctl.hardware.lut import LUT_COLUMNS
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(result, code, text):
+    assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and text in lines[0], result.stderr
+
+
+@pytest.fixture
+def ws(tmp_path):
+    (tmp_path / "ws").mkdir()
+    return tmp_path / "ws"
+
+
+def tiny_model(path, cout, hw=16):
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(cout).standard_normal((cout, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4, name="conv"),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, hw, hw])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, hw, hw])], [w])
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    return path
+
+
+def lut_csv(path):
+    lines = [",".join(LUT_COLUMNS)]
+    for cout in (8, 16, 32, 64):
+        for hw in (8, 16, 32):
+            lines.append(f"conv,3,{cout},{hw},{hw},{hw},{hw},3,3,1,1,32,32,relu,{0.002 + hw * hw * cout * 27 * 2e-8:.6g}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_show_unprofiled_cpu_local_says_how_to_profile():
+    one_line_error(invoke("hw", "show", "cpu-local"), 2, "nasctl hw profile --device cpu-local")
+
+
+def test_fit_from_a_table_writes_a_usable_device(ws, tmp_path):
+    result = invoke("--workspace", ws, "hw", "fit", "--device", "phone", "--lut", lut_csv(tmp_path / "k.csv"), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kernels"] == 12 and (ws / "hardware" / "phone" / "lut.csv").is_file()
+    spec = yaml.safe_load((ws / "hardware" / "phone" / "spec.yaml").read_text())
+    assert spec["kind"] == "lut" and spec["models_energy"] is False
+    shown = json.loads(invoke("--workspace", ws, "hw", "show", "phone", "--json").stdout)
+    assert shown["kind"] == "lut" and shown["kernels"] == 12 and shown["energy"].startswith("latency only")
+    assert "phone" in [e["name"] for e in json.loads(invoke("--workspace", ws, "hw", "list", "--json").stdout)]
+
+
+def test_fit_help_documents_the_columns():
+    text = " ".join(invoke("hw", "fit", "--help").stdout.split())
+    for column in LUT_COLUMNS + ("energy_mj", "arch", "onnx"):
+        assert column in text
+
+
+def test_fit_table_with_a_missing_column_is_one_line(ws, tmp_path):
+    path = lut_csv(tmp_path / "k.csv")
+    path.write_text(path.read_text().replace(",stride", "", 1))
+    one_line_error(invoke("--workspace", ws, "hw", "fit", "--device", "p", "--lut", path), 2, "missing column stride")
+
+
+def test_fit_needs_an_input_and_a_workspace(ws, tmp_path):
+    one_line_error(invoke("--workspace", ws, "hw", "fit", "--device", "p"), 2, "--lut FILE")
+    one_line_error(invoke("hw", "fit", "--device", "p", "--lut", lut_csv(tmp_path / "k.csv")), 2, "--workspace")
+
+
+def test_fit_from_measured_models(ws, tmp_path):
+    rows = ["onnx,latency_ms"]
+    for i, cout in enumerate((4, 8, 12, 16, 24, 32, 48, 64)):
+        tiny_model(tmp_path / f"m{i}.onnx", cout)
+        rows.append(f"m{i}.onnx,{0.01 + cout * 0.001}")
+    (tmp_path / "models.csv").write_text("\n".join(rows) + "\n")
+    result = invoke("--workspace", ws, "hw", "fit", "--device", "stopwatch", "--models", tmp_path / "models.csv",
+                    "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["fit"]["grouping"] in ("types", "types-shared") and doc["fit"]["train_rms_error_pct"] < 5
+
+
+def test_validate_prints_the_table_and_shares(ws, tmp_path):
+    invoke("--workspace", ws, "hw", "fit", "--device", "phone", "--lut", lut_csv(tmp_path / "k.csv"))
+    models = [tiny_model(tmp_path / "a.onnx", 8), tiny_model(tmp_path / "b.onnx", 32)]
+    result = invoke("--workspace", ws, "hw", "validate", "--device", "phone", *models, "--rounds", 2)
+    assert result.exit_code == 0, result.output
+    assert "a" in result.stdout and "within ±10%" in result.stdout and "RMS error" in result.stdout
+    doc = json.loads(invoke("--workspace", ws, "hw", "validate", "--device", "phone", *models, "--rounds", 2,
+                            "--json").stdout)
+    assert [m["model"] for m in doc["models"]] == ["a", "b"]
+    assert all(m["measured_ms"] > 0 and m["predicted_ms"] > 0 for m in doc["models"])
+    assert 0 <= doc["summary"]["within_10pct"] <= 1 and doc["summary"]["rms_error_pct"] >= 0
+
+
+def test_quick_profile_writes_the_local_device(ws):
+    result = invoke("--workspace", ws, "hw", "profile", "--kernels", 20, "--rounds", 2, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    spec = yaml.safe_load((ws / "hardware" / "cpu-local" / "spec.yaml").read_text())
+    assert spec["measurement"]["threads"] == 1 and spec["measurement"]["rounds"] == 2
+    assert spec["models_energy"] is False and "latency only" in spec["energy"]
+    assert doc["kernels"] > 0
+    assert (ws / "hardware" / "cpu-local" / "lut.csv").read_text().splitlines()[0] == ",".join(LUT_COLUMNS)
+    shown = invoke("--workspace", ws, "hw", "show", "cpu-local", "--json")
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["measurement"]["clock"] == "thread_cpu"
+
+
+def test_profile_without_a_workspace_is_one_line():
+    one_line_error(invoke("hw", "profile", "--kernels", 20), 2, "no workspace")

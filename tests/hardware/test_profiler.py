@@ -1,0 +1,106 @@
+import numpy as np
+import onnx
+import pytest
+
+from nasctl.hardware.layers import LayerSpec
+from nasctl.hardware.lut import LUT_COLUMNS, LutDevice, LutSpec, kernel_type, read_lut
+from nasctl.hardware.onnx_import import import_onnx
+from nasctl.hardware.profiler import (NetBuilder, Protocol, attribute, in_context_costs, measure_models,
+                                      measure_networks, profile_machine, random_network)
+
+
+def tiny(tmp_path, name, convs):
+    b = NetBuilder(np.random.default_rng(0), (1, 8, 16, 16))
+    x = "input"
+    for _ in range(convs):
+        x = b.conv(x, 8, 3, act="relu")
+    path = tmp_path / f"{name}.onnx"
+    path.write_bytes(b.model(x).SerializeToString())
+    return path
+
+
+def test_protocol_times_are_positive_repeatable_and_ordered(tmp_path):
+    small, large = tiny(tmp_path, "small", 1), tiny(tmp_path, "large", 8)
+    protocol = Protocol(rounds=5, repeats=2)
+    first = measure_models([small, large], protocol)
+    second = measure_models([small, large], protocol)
+    assert np.all(first > 0) and first[1] > first[0]
+    assert np.all(np.abs(second / first - 1) < 0.5)  # generous: other processes share this machine
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_context_networks_are_valid_and_fully_importable(tmp_path, seed):
+    model, description = random_network(np.random.default_rng(seed), max_macs=2e6)
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / "net.onnx"
+    path.write_bytes(model.SerializeToString())
+    result = import_onnx(path)
+    assert not result.unsupported and result.layers
+    assert all(layer.name.startswith("k") for layer in result.layers)
+
+
+def test_int8_networks_carry_quantized_bit_widths(tmp_path):
+    b = NetBuilder(np.random.default_rng(0), (1, 3, 16, 16), int8=True)
+    y = b.conv(b.conv("input", 16, 3, act="relu"), 16, 3)
+    path = tmp_path / "q.onnx"
+    path.write_bytes(b.model(y).SerializeToString())
+    layers = import_onnx(path).layers
+    assert [(layer.w_bits, layer.a_bits) for layer in layers] == [(8, 8), (8, 8)]
+    assert kernel_type(layers[0]) == "conv_w8a8"
+
+
+def layer(tag):
+    return LayerSpec("conv", 8, 8, (8, 8), (8, 8), name=f"k{tag}:conv_0")
+
+
+def test_attribution_of_profiled_nodes():
+    # A node the runtime adds after a kernel (a layout reorder) counts for that kernel.
+    times, counts = attribute([("k1:act_0_nchwc", 0.010), ("ReorderOutput", 0.002), ("k2:conv_1", 0.005)],
+                              [layer(1), layer(2)])
+    assert times == pytest.approx([0.012, 0.005]) and counts == [2, 1]
+    # A node the runtime made of kernels that ran no node of their own stands for them.
+    add = LayerSpec("add", 8, 8, (8, 8), (8, 8), name="k2:add_1")
+    norm = LayerSpec("norm", 8, 8, (8, 8), (8, 8), fn="layer", name="k3:ln_2")
+    times, _ = attribute([("k1:a", 0.010), ("SkipLayerNormalization", 0.004), ("k4:b", 0.020)],
+                         [layer(1), add, norm, layer(4)])
+    assert times == pytest.approx([0.010, 0.002, 0.002, 0.020])
+    # A kernel without a layer (a reshape) counts for the layer before it.
+    times, _ = attribute([("k1:a", 0.010), ("k2:reshape_1", 0.001), ("k3:b", 0.020)], [layer(1), layer(3)])
+    assert times == pytest.approx([0.011, 0.020])
+
+
+def test_quick_profile_builds_a_device_that_prices_layers(tmp_path):
+    fitted = profile_machine("cpu-local", Protocol(rounds=2, repeats=1, warmup=1), kernels=30, seed=3)
+    from nasctl.hardware.fit import write_device
+
+    folder = tmp_path / "hardware" / "cpu-local"
+    write_device(folder, fitted)
+    rows = read_lut(folder / "lut.csv")
+    assert (folder / "lut.csv").read_text().splitlines()[0] == ",".join(LUT_COLUMNS)
+    assert all(r["latency_ms"] > 0 for r in rows)
+    m = fitted.spec["measurement"]
+    assert m["clock"] == "thread_cpu" and m["threads"] == 1 and m["run_overhead_ms"] >= 0
+    device = LutDevice.from_dict({"name": "cpu-local", **fitted.spec}, folder)
+    assert not device.models_energy
+    per_layer = fitted.spec["overhead"]["per_layer_ms"]
+    from nasctl.hardware.lut import layer_from_row
+
+    hit = layer_from_row(rows[0])
+    cost = device.estimate([LayerSpec("add", 1, 1, (1, 1), (1, 1)), hit]).costs[1]
+    assert cost.mapping == "table" and cost.latency_ms == pytest.approx(rows[0]["latency_ms"] + per_layer)
+    convs = [r for r in rows if r["op"] == "conv" and r["groups"] == 1]
+    assert convs, "a profile always measures dense convs"
+    sweep = [device.estimate([LayerSpec("conv", 48, c, (20, 20), (20, 20), (3, 3), fn="relu")]).latency_ms
+             for c in (24, 48, 96, 192, 384)]
+    assert all(s > 0 for s in sweep) and sweep[-1] > sweep[0]
+
+
+def test_long_kernels_are_timed_alone(tmp_path):
+    b = NetBuilder(np.random.default_rng(0), (1, 64, 56, 56))
+    y = b.conv(b.conv("input", 64, 1, act="relu"), 64, 3, act="relu")
+    measured = measure_networks([(b.model(y), "two convs")], Protocol(rounds=2, repeats=1, warmup=1), tmp_path,
+                                long_kernel_ms=0.0)
+    m = measured[0]
+    assert set(m.alone) == {0, 1} and all(ms > 0 for ms, _, _ in m.alone.values())
+    costs, info = in_context_costs(measured)
+    assert np.all(costs[0] > 0) and info["kernels_timed_alone"] == 2
