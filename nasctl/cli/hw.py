@@ -11,6 +11,7 @@ from rich.table import Table
 from .. import workspace
 from ..errors import UsageError
 from ..hardware.loader import load_device
+from ..hardware.lut import ENERGY_COLUMN, LUT_COLUMNS
 from .render import err, out, print_json
 
 app = typer.Typer(no_args_is_help=True,
@@ -89,7 +90,7 @@ def profile(
     device: Annotated[str, typer.Option(help="Name of the device to write (hardware/NAME/ in the workspace).")]
     = LOCAL,
     threads: Annotated[int, typer.Option(min=1, help="onnxruntime intra-op threads (recorded in the spec).")] = 1,
-    kernels: Annotated[int, typer.Option(min=20, help="Kernels to measure (in context networks).")] = 6000,
+    kernels: Annotated[int, typer.Option(min=20, help="Kernels to measure (in context networks).")] = 5000,
     quick: Annotated[bool, typer.Option("--quick", help="A small, fast profile: 150 kernels, 5 rounds.")] = False,
     rounds: Annotated[int, typer.Option(min=2, help="Interleaved timing rounds.")] = 15,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the random context networks.")] = 0,
@@ -111,30 +112,26 @@ def profile(
     doc = {"device": device, "spec": str(spec_path), "kernels": len(fitted.rows), **fitted.report}
     if as_json:
         return print_json(doc)
-    cal = fitted.spec["fit"].get("calibration", {})
-    out.print(f"Profiled {fitted.report['networks']} context networks ({fitted.report['layers']} kernels, "
-              f"{len(fitted.rows)} distinct) in {fitted.report['seconds']:.0f} s with {threads} thread(s).")
-    if cal:
-        out.print(f"End-to-end fit on those networks: RMS error {cal['rms_error_pct']:.1f}%, "
-                  f"{cal['within_10pct'] * 100:.0f}% within ±10%.")
+    r = fitted.report
+    out.print(f"Profiled {r['networks']} context networks ({r['layers']} kernels, {len(fitted.rows)} distinct) in "
+              f"{r['seconds']:.0f} s with {threads} thread(s).")
+    out.print(f"The device reproduces those networks' end-to-end times with an RMS error of "
+              f"{r['networks_rms_error_pct']:.1f}% ({r['networks_within_10pct'] * 100:.0f}% within ±10%); "
+              f"check it on your own models with `nasctl hw validate --device {device} MODEL.onnx ...`.")
     out.print(fitted.spec["energy"])
     out.print(f"Device '{device}' written to {spec_path.parent}")
 
 
-@app.command("fit", help=f"""Fit a `kind: lut` device from measurements and write it to hardware/NAME/.
-
---lut FILE: a per-kernel table, one row per measured kernel, with the columns
-op, in_ch, out_ch, in_h, in_w, out_h, out_w, kernel_h, kernel_w, stride, groups,
-w_bits, a_bits, fn, latency_ms and optionally energy_mj (they mirror LayerSpec; a
-token sequence of length T is T x 1; groups == in_ch for a depthwise conv; fn is the
-fused activation, pooling mode or norm kind, may be empty).
-
---models FILE: end-to-end latencies, a CSV with latency_ms and either arch (an
-architecture of --space as JSON, or an NB201 string for nb201) or onnx (a model
-path, relative to the CSV); per-kernel costs are then solved by non-negative least
-squares over the kernels each model contains, plus a per-model overhead.
-
-Both: the table is calibrated against the end-to-end latencies.""")
+@app.command("fit", help=(
+    "Fit a `kind: lut` device from measurements and write it to hardware/NAME/ in the workspace.\n\n"
+    f"--lut FILE: a per-kernel table, one row per measured kernel, with the columns {', '.join(LUT_COLUMNS)} "
+    f"and optionally {ENERGY_COLUMN}. They mirror LayerSpec: op is its op kind; a token sequence of length T "
+    "is T x 1; groups == in_ch for a depthwise conv; fn is the fused activation, pooling mode or norm kind "
+    "(may be empty); latency_ms and energy_mj are the kernel's measured cost.\n\n"
+    "--models FILE: end-to-end latencies, a CSV with latency_ms and either arch (an architecture of --space as "
+    "JSON, or an NB201 string for nb201) or onnx (a model path, relative to the CSV). Per-kernel costs are "
+    "solved by non-negative least squares over the kernels each model contains, plus a per-model overhead.\n\n"
+    "Both: the table is calibrated against the end-to-end latencies."))
 def fit(
     device: Annotated[str, typer.Option(help="Name of the device to write.", show_default=False)],
     lut: Annotated[Optional[Path], typer.Option(help="Per-kernel table (CSV).", show_default=False)] = None,
@@ -143,11 +140,11 @@ def fit(
     space: Annotated[Optional[str], typer.Option(help="Search space of the arch column.", show_default=False)]
     = None,
     input_shape: Annotated[Optional[str], typer.Option(
-        help="Input C,H,W for the arch column [default: the space's].", show_default=False)] = None,
+        help="Input C,H,W for the arch column (default: the space's).", show_default=False)] = None,
     classes: Annotated[Optional[int], typer.Option(
-        min=1, help="Classes for the arch column [default: the space's].", show_default=False)] = None,
+        min=1, help="Classes for the arch column (default: the space's).", show_default=False)] = None,
     grouping: Annotated[Optional[str], typer.Option(
-        help="Kernel grouping for --models: kernels, types or types-shared [default: best by cross-validation].",
+        help="Kernel grouping for --models: kernels, types or types-shared (default: the best by cross-validation).",
         show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ):

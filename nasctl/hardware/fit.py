@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import csv
 import json
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -55,8 +54,8 @@ import numpy as np
 
 from ..errors import UsageError
 from .layers import MAC_OPS, LayerSpec
-from .lut import (ENERGY_COLUMN, LUT_COLUMNS, LutDevice, LutSpec, choose_regressor, kernel_type, layer_from_row,
-                  row_from_layer, write_lut)
+from .lut import (ENERGY_COLUMN, LutDevice, LutSpec, choose_regressor, kernel_type, layer_from_row, row_from_layer,
+                  write_lut)
 
 FLOOR_MS = 1e-6  # a kernel a fit finds free is stored at this latency (tables hold positive costs)
 
@@ -245,8 +244,8 @@ def calibrate(device: LutDevice, layer_lists: Sequence[Sequence[LayerSpec]],
             A[m, types.index(kernel_type(layer))] += cost.latency_ms
         A[m, -2] = len(layers)
         A[m, -1] = 1.0
-    lower = np.r_[np.full(len(types), 0.25), -np.inf, 0.0]
-    upper = np.r_[np.full(len(types), 4.0), np.inf, np.inf]
+    lower = np.r_[np.full(len(types), 0.5), -np.inf, 0.0]
+    upper = np.r_[np.full(len(types), 2.0), np.inf, np.inf]
     x = lsq_linear(A / y[:, None], np.ones(len(y)), bounds=(lower, upper)).x
     error = A @ x / y - 1.0
     return {"scale": dict(zip(types, map(float, x[:len(types)]))), "per_layer_ms": float(x[-2]),
@@ -364,7 +363,3 @@ def _arch_reader(csv_path: Path, space_name: Optional[str], input_shape, classes
 
     return to_layers
 
-
-def kernel_counts(layer_lists: Sequence[Sequence[LayerSpec]]) -> Counter:
-    """How many models each kernel type occurs in (for messages and reports)."""
-    return Counter(t for layers in layer_lists for t in {kernel_type(layer) for layer in layers})

@@ -4,31 +4,26 @@ A LUT device is a folder `hardware/NAME/` holding `spec.yaml` and the table `lut
 (`nasctl hw profile` measures one on this machine; `nasctl hw fit` makes one from any
 per-kernel table or from end-to-end measurements).  One row of the table is one kernel -
 a layer as `LayerSpec` describes it, with its fused batch norm and activation - and its
-measured cost in context:
-
-  op                 LayerSpec op kind (conv, linear, matmul, pool, add, mul, act, softmax,
-                     norm, resize, concat, split, data, conv_transpose)
-  in_ch, out_ch      channels in and out
-  in_h, in_w         input height, width (a sequence of T tokens: T, 1)
-  out_h, out_w       output height, width
-  kernel_h, kernel_w kernel size (1, 1 where it has none)
-  stride, groups     stride; groups (== in_ch for a depthwise conv)
-  w_bits, a_bits     weight and activation bit widths
-  fn                 fused activation, pooling mode, norm kind, ... (may be empty)
-  latency_ms         the kernel's latency
-  energy_mj          (optional) its energy; a device models energy only where every row has it
+measured cost in context; the columns (`LUT_COLUMNS`, optionally `energy_mj`) are
+documented in `nasctl.hardware.fit` and `nasctl hw fit --help`.
 
 Pricing a layer: a row with the layer's exact shape (`LayerSpec.shape_key`) gives its
 cost as stored; any other layer is priced by a regressor fitted, when the device loads,
-to the rows of its kernel type (the op; convs split into dense and depthwise) on
-log-scale features - MACs, elements read and written, weights, channels, positions,
-kernel area, stride, groups, bit widths and the activation - predicting log latency, so
+to the rows of its kernel type (the op; convs split into dense and depthwise; quantized
+kernels apart from float ones) on log-scale features - MACs, elements read and
+written, weights, channels, positions, kernel area, stride, groups, bit widths, channel
+alignment to vector blocks and the activation.  Predictions are of log latency, so
 prices are always positive.  The spec names each type's regressor (`regressors:`,
-chosen by `nasctl hw fit` / `hw profile` by cross-validated error): `ridge`, a
-regularised log-log linear model; `boost`, gradient-boosted trees (monotone in every
-size feature); or `ratio`, cost proportional to the work, for types with few rows.
-Types without a named regressor get one chosen the same way at load time.  A layer
-whose op has no rows at all is reported as unsupported.
+chosen by `nasctl hw fit` / `hw profile` by cross-validated error):
+
+  additive  latency = a non-negative mix of a fixed cost, MACs, elements moved, weights
+            and an unfused activation's extra pass (few rows, or costs linear in work);
+  ridge     a regularised log-log linear model;
+  boost     gradient-boosted trees predicting the log of the time per unit of work;
+  nearest   the time per unit of work of the 5 most similar measured kernels.
+
+Types the spec does not name get `additive`.  A layer whose kernel type has no rows at
+all is reported as unsupported.
 
 Every priced layer also pays `overhead.per_layer_ms`, and the first layer of a list
 carries `overhead.per_model_ms`, the fixed cost of one inference run; both are fitted
@@ -46,7 +41,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, NonNegativeFloat
 
 from .. import workspace
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageError
 from .base import CostModel, CostReport, LayerCost
 from .layers import OPS, LayerSpec
 
@@ -361,8 +356,13 @@ class LutDevice(CostModel):
         spec = LutSpec.model_validate(data)
         path = Path(spec.lut)
         if not path.is_absolute():
-            base = folder if folder is not None else workspace.find("hardware", spec.name, "device").parent
-            path = base / path
+            if folder is None:
+                try:
+                    folder = workspace.find("hardware", spec.name, "device").parent
+                except UsageError:
+                    raise ConfigError(f"{spec.name}: cannot locate its table '{spec.lut}': load a LUT device by its "
+                                      f"name, from a workspace's hardware/{spec.name}/ folder") from None
+            path = folder / path
         if not path.is_file():
             raise ConfigError(f"{spec.name}: its kernel table {path} does not exist")
         return cls(spec, read_lut(path), path)

@@ -17,15 +17,25 @@ kernels overestimates a whole model 1.4-5x.  So kernels are measured *in context
    onnxruntime runs as QLinearConv / QGemm).  Every node of a kernel carries the
    kernel's tag in its name and output names.
 2. Each network runs with `SessionOptions.enable_profiling`; the per-node kernel times
-   onnxruntime records are summed per tag (nodes onnxruntime adds, like layout
-   reorders, count for the kernel that runs before them), and each kernel's time is
-   its minimum over the profiled runs.  The network's layers come from the ONNX importer
-   (`nasctl.hardware.onnx_import`), exactly as `nasctl predict` reads a user's model.
-3. Each network is also timed end to end, without profiling.
-4. `nasctl.hardware.fit.fit_from_lut` turns the per-kernel times into the device: it
-   calibrates them against the end-to-end times (profiling inflates every node by about
-   a microsecond and a half, and fused or re-laid-out neighbours shift cost between
-   kernels) and fits the per-model overhead, then writes `spec.yaml` and `lut.csv`.
+   onnxruntime records (minimum over the profiled runs) are summed per tag - a node
+   onnxruntime adds, like a layout reorder, counts for the kernel before it, and a node
+   it fused from several kernels for those of them that ran no node of their own - and
+   go to the layers the ONNX importer (`nasctl.hardware.onnx_import`) reads from the
+   network, exactly as `nasctl predict` reads a user's model.
+3. Each network is also timed end to end, without profiling.  The run overhead and the
+   profiler's own cost per node (about a microsecond and a half) are fitted to those
+   times, and the latter is taken off every profiled node.
+4. The profiler's clock is the wall clock: on a busy machine a kernel longer than the
+   OS's time slice is profiled with time other processes got.  So kernels that profile
+   longer than 0.5 ms are cut out of their network and timed again alone, with the
+   thread clock, less the run overhead and the layout reorders around them.
+5. Networks are measured in chunks (which bounds the memory of open sessions); the same
+   few small reference networks run in every chunk, and a chunk whose references ran
+   slower than in the fastest chunk - the machine was busier - has its times scaled back.
+6. `nasctl.hardware.fit.fit_from_lut` makes the device of the kernel times: one row per
+   distinct kernel (the median of its measurements) and a regressor per kernel type,
+   chosen by cross-validation over whole networks held out; then `spec.yaml` and
+   `lut.csv` are written.
 
 Timing protocol (both for kernels and end to end): sessions run with the requested
 number of intra-op threads (default 1) and sequential execution; items are timed
@@ -47,7 +57,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -110,11 +120,11 @@ _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tens
                 "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
 
 
-def random_feed(session, rng: np.random.Generator, shapes: Optional[dict] = None) -> dict:
-    """Seeded inputs for every graph input (dynamic dims from `shapes`, else 1)."""
+def random_feed(session, rng: np.random.Generator) -> dict:
+    """Seeded inputs for every graph input (a dynamic dim taken as 1)."""
     feed = {}
     for inp in session.get_inputs():
-        shape = (shapes or {}).get(inp.name) or [d if isinstance(d, int) and d > 0 else 1 for d in inp.shape]
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in inp.shape]
         dtype = _NUMPY_TYPES.get(inp.type)
         if dtype is None:
             raise UsageError(f"model input '{inp.name}' has type {inp.type}; nasctl feeds numeric tensors only")
@@ -220,8 +230,8 @@ class NetBuilder:
 
     def _act(self, x: str, fn: str, tag: str) -> str:
         shape = self.shapes[x]
-        if fn in ("", None):
-            return x
+        if fn in ("", None) or (self.int8 and fn in ("relu", "relu6")):
+            return x  # static quantization folds a ReLU into the output's quantization range
         if fn == "relu6":
             return self.node("Clip", [x, self.const(0.0), self.const(6.0)], tag, "act", shape)
         if fn == "swish":
@@ -617,8 +627,9 @@ class MeasuredNetwork:
     layer_nodes: list[float]  # onnxruntime nodes each layer's time was summed over
     latency_ms: float
     # Long kernels timed alone: layer index -> (end-to-end ms, profiled ms and count of the
-    # nodes onnxruntime added around the kernel, e.g. layout reorders).
+    # nodes onnxruntime ran before the kernel, e.g. a layout reorder of its input).
     alone: dict[int, tuple[float, float, int]] = field(default_factory=dict)
+    energy_mj: Optional[float] = None  # energy of one run, where the machine has energy counters
 
 
 def _node_times(profile_file: str) -> list[tuple[str, float]]:
@@ -681,9 +692,10 @@ def attribute(nodes: list[tuple[str, float]], layers: Sequence[LayerSpec]) -> tu
 
 
 def _time_together(paths: Sequence[Path], protocol: Protocol, workdir: Path, rng: np.random.Generator,
-                   on_round: Optional[Callable[[], None]] = None) -> tuple[list[list[tuple[str, float]]], np.ndarray]:
+                   on_round: Optional[Callable[[], None]] = None, energy: bool = False):
     """Profile and time models together: each one's node times (profiled sessions) and
-    end-to-end time (plain sessions), both by the interleaved protocol."""
+    end-to-end time (plain sessions), both by the interleaved protocol; with `energy`,
+    also each one's energy per run (mJ) from the RAPL counters, else None."""
     feeds, runs, sessions = [], [], []
     for i, path in enumerate(paths):
         sess = make_session(path, protocol.threads, str(workdir / f"{Path(path).stem}-prof{i}"))
@@ -696,7 +708,8 @@ def _time_together(paths: Sequence[Path], protocol: Protocol, workdir: Path, rng
     for path, feed in zip(paths, feeds):
         sess = make_session(path, protocol.threads)
         runs.append(lambda s=sess, f=feed: s.run(None, f))
-    return nodes, interleaved_min(runs, protocol, on_round)
+    latency = interleaved_min(runs, protocol, on_round)
+    return nodes, latency, ([energy_per_run_mj(run) for run in runs] if energy else None)
 
 
 def _kernel_alone(model, tag: str):
@@ -730,9 +743,11 @@ def measure_networks(networks: Sequence[tuple[object, str]], protocol: Protocol,
         path.write_bytes(model.SerializeToString())
         paths.append(path)
         imported.append(import_onnx(path).layers)
-    nodes, latency = _time_together(paths, protocol, workdir, rng, on_round)
+    nodes, latency, energy = _time_together(paths, protocol, workdir, rng, on_round, bool(energy_counters()))
     measured = [MeasuredNetwork(desc, layers, *attribute(n, layers), float(ms))
                 for (_, desc), layers, n, ms in zip(networks, imported, nodes, latency)]
+    for m, mj in zip(measured, energy or []):
+        m.energy_mj = mj
     todo, alone = [], []
     for i, m in enumerate(measured):
         for j, (layer, ms) in enumerate(zip(m.layers, m.layer_ms)):
@@ -743,10 +758,13 @@ def measure_networks(networks: Sequence[tuple[object, str]], protocol: Protocol,
                 todo.append((i, j))
                 alone.append(path)
     if alone:
-        nodes, latency = _time_together(alone, protocol, workdir, rng, on_round)
+        nodes, latency, _ = _time_together(alone, protocol, workdir, rng, on_round)
         for (i, j), kernel_nodes, ms in zip(todo, nodes, latency):
-            boundary = [t for name, t in kernel_nodes if TAG.search(name) is None]
-            measured[i].alone[j] = (float(ms), float(sum(boundary)), len(boundary))
+            # What the runtime runs before the kernel (a layout reorder of its input) belongs
+            # to the kernel before it in a network; what runs after counts for the kernel.
+            first = next((k for k, (name, _) in enumerate(kernel_nodes) if TAG.search(name)), 0)
+            before = [t for _, t in kernel_nodes[:first]]
+            measured[i].alone[j] = (float(ms), float(sum(before)), len(before))
     return measured
 
 
@@ -755,6 +773,29 @@ def measure_networks(networks: Sequence[tuple[object, str]], protocol: Protocol,
 def energy_counters() -> list[Path]:
     """Readable RAPL package energy counters (µJ), if the machine exposes any."""
     return [p for p in sorted(Path("/sys/class/powercap").glob("intel-rapl*/energy_uj")) if os.access(p, os.R_OK)]
+
+
+def read_energy_uj() -> float:
+    """The sum of the package energy counters (µJ)."""
+    return float(sum(int(p.read_text()) for p in energy_counters()))
+
+
+def _counter_range_uj() -> float:
+    ranges = [p.parent / "max_energy_range_uj" for p in energy_counters()]
+    return float(sum(int(r.read_text()) for r in ranges if r.is_file()))
+
+
+def energy_per_run_mj(run: Callable[[], object], seconds: float = 0.2) -> float:
+    """Package energy of one run (mJ): the counters' increase over repeated runs lasting at
+    least `seconds` (RAPL updates about every millisecond), per run."""
+    start, t0, n = read_energy_uj(), time.perf_counter(), 0
+    while n == 0 or time.perf_counter() - t0 < seconds:
+        run()
+        n += 1
+    used = read_energy_uj() - start
+    if used < 0:  # a counter wrapped around
+        used += _counter_range_uj()
+    return used / n / 1e3
 
 
 def machine() -> dict:
@@ -779,7 +820,7 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0)
     The profiler adds its own cost to every node it times; fit `end-to-end = run overhead
     + Σ profiled - per-node cost x nodes` robustly (soft L1) over the short networks and
     take the per-node cost off every layer.  A long kernel, timed alone, costs its
-    end-to-end time less the run overhead and the nodes onnxruntime added around it."""
+    end-to-end time less the run overhead and the nodes onnxruntime ran before it."""
     from scipy.optimize import least_squares
 
     y = np.array([m.latency_ms for m in measured])
@@ -801,12 +842,23 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0)
                    "kernels_timed_alone": sum(len(m.alone) for m in measured)}
 
 
-def profile_machine(name: str, protocol: Protocol, kernels: int = 6000, seed: int = 0, chunk: int = 80,
-                    on_progress: Optional[Callable[[int, int, str], None]] = None):
+def _slower_by(m: MeasuredNetwork, factor: float) -> MeasuredNetwork:
+    """`m` with every time divided by `factor`."""
+    return MeasuredNetwork(m.description, m.layers, [t / factor for t in m.layer_ms], m.layer_nodes,
+                           m.latency_ms / factor,
+                           {j: (ms / factor, before / factor, n) for j, (ms, before, n) in m.alone.items()},
+                           m.energy_mj)
+
+
+def profile_machine(name: str, protocol: Protocol, kernels: int = 5000, seed: int = 0, chunk: int = 80,
+                    references: int = 3, on_progress: Optional[Callable[[int, int, str], None]] = None):
     """Build context networks until they hold `kernels` kernels, measure them `chunk` at a
-    time (interleaved: a busy spell on the machine slows every network of a chunk alike,
-    and the minimum over rounds spread over the chunk's minutes avoids it), and fit the
-    device from them."""
+    time (interleaved: a busy spell slows every network of a chunk alike, and the minimum
+    over rounds spread over the chunk's minutes avoids it), and fit the device from them.
+
+    The same few small reference networks are measured in every chunk; a chunk whose
+    references ran slower than in the fastest chunk (the machine was busier) has its
+    times scaled back by that factor (the median over the references)."""
     from .fit import fit_from_lut
     from .lut import row_from_layer
 
@@ -816,6 +868,7 @@ def profile_machine(name: str, protocol: Protocol, kernels: int = 6000, seed: in
     while count < kernels:
         networks.append(random_network(rng))
         count += len({m.group(1) for n in networks[-1][0].graph.node if (m := TAG.search(n.name))})
+    refs = [random_network(np.random.default_rng(10_000 + k), max_macs=5e6) for k in range(references)]
     chunks = -(-len(networks) // chunk)
     total = 3 * protocol.rounds * chunks  # per chunk: profiled rounds, end-to-end rounds, long kernels alone
     ticks = iter(range(1, 10 ** 9))
@@ -826,33 +879,49 @@ def profile_machine(name: str, protocol: Protocol, kernels: int = 6000, seed: in
 
     if on_progress is not None:
         on_progress(0, total, f"building {len(networks)} networks")
-    measured: list[MeasuredNetwork] = []
+    parts, ref_ms = [], []
     with tempfile.TemporaryDirectory(prefix="nasctl-profile-") as tmp:
         for first in range(0, len(networks), chunk):  # chunks bound the memory of open sessions
             folder = Path(tmp) / f"chunk{first}"
             folder.mkdir()
-            measured += measure_networks(networks[first:first + chunk], protocol, folder, seed=seed + first,
-                                         on_round=tick)
+            part = measure_networks([*networks[first:first + chunk], *refs], protocol, folder, seed=seed + first,
+                                    on_round=tick)
+            parts.append(part[:len(part) - len(refs)])
+            ref_ms.append([m.latency_ms for m in part[len(part) - len(refs):]])
+    ref = np.array(ref_ms)
+    slower = np.median(ref / ref.min(axis=0), axis=1)
+    measured = [_slower_by(m, f) for part, f in zip(parts, slower) for m in part]
     done = sum(len(m.layers) for m in measured)
     if on_progress is not None:
         on_progress(total, total, "fitting the regressors")
     costs, norm = in_context_costs(measured)
-    rows = [{**row_from_layer(layer, ms), "group": i} for i, (m, ts) in enumerate(zip(measured, costs))
-            for layer, ms in zip(m.layers, ts)]
+    rows = []
+    for i, (m, ts) in enumerate(zip(measured, costs)):
+        # A network's energy goes to its kernels by their share of its time.
+        shares = ts / ts.sum() if m.energy_mj is not None else [None] * len(ts)
+        rows += [{**row_from_layer(layer, ms, None if share is None else max(m.energy_mj * share, FLOOR_MS)),
+                  "group": i} for layer, ms, share in zip(m.layers, ts, shares)]
     measurement = {**protocol.describe(), "context_networks": len(measured), "kernels_timed": done, "seed": seed,
                    "how": "per-node kernel times from onnxruntime profiling inside random context networks, summed "
                           "per kernel (minimum over the profiled runs) less the profiler's own cost per node; "
                           "kernels profiled longer than 0.5 ms timed again alone (thread clock) less the run "
                           "overhead and the layout reorders around them; the run overhead and the profiler's cost "
                           "per node fitted to the networks' end-to-end times",
-                   **norm, "machine": machine()}
-    energy = ("latency only: this machine exposes no readable energy counters (RAPL)" if not energy_counters()
-              else "latency only: energy counters are present but nasctl does not yet apportion them to kernels")
+                   **norm, "chunk_slowdown_corrected": [round(float(f), 4) for f in slower], "machine": machine()}
+    energy = ("RAPL package energy per run of each context network (counters' increase over 0.2 s of runs), "
+              "apportioned to its kernels by their share of its time; includes the package's idle and uncore power"
+              if all(m.energy_mj is not None for m in measured)
+              else "latency only: this machine exposes no readable energy counters (RAPL)")
     fitted = fit_from_lut(name, rows, description=f"onnxruntime CPU on this machine, {protocol.threads} thread(s), "
                                                   f"measured by `nasctl hw profile`",
                           extra={"measurement": measurement, "energy": energy,
                                  "overhead": {"per_model_ms": norm["run_overhead_ms"], "per_layer_ms": 0.0}})
-    fitted.report = {"networks": len(measured), "layers": done, "seconds": time.perf_counter() - start}
+    device = fitted.device()
+    error = np.array([device.estimate(m.layers).latency_ms / m.latency_ms - 1 for m in measured])
+    fitted.report = {"networks": len(measured), "layers": done, "seconds": time.perf_counter() - start,
+                     "networks_rms_error_pct": float(np.sqrt(np.mean(error ** 2)) * 100),
+                     "networks_within_10pct": float(np.mean(np.abs(error) <= 0.10))}
+    fitted.spec["fit"]["context_networks"] = {k: round(v, 4) for k, v in fitted.report.items() if k.startswith("networks_")}
     return fitted
 
 

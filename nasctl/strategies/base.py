@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from typing import Callable, Sequence
 
@@ -98,3 +99,19 @@ def ordered_knobs(space: SearchSpace) -> np.ndarray:
     """Per knob: True where every choice is a number, so the order of the choices means
     something (depths, widths, bit-widths); False for unordered choices such as op names."""
     return np.array([all(isinstance(c, (int, float)) for c in v.choices) for v in space.variables()])
+
+
+def one_thread(method):
+    """Run a strategy method with one thread in each native thread pool (OpenMP, BLAS).
+    Strategies that compute with torch on tiny tensors (the GP sampler, the RL policy)
+    otherwise run many times slower wherever the cores are busy: the pools' threads
+    spin against each other and against other work."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(1):
+            return method(*args, **kwargs)
+
+    return wrapper

@@ -1,8 +1,8 @@
 """Local search: mutation hill-climbing on the non-dominated set.
 
-It starts from random architectures; then each round proposes one mutant (the space's
-`mutate`: one knob changed, sometimes a few) of every member of the current front,
-feasible non-dominated first (constrained domination).  A member none of whose mutants
+It starts from random architectures; then each round proposes one new neighbour (the
+space's `mutate` with one knob changed) of every member of the current front (the
+non-dominated feasible architectures, or the least infeasible while none is feasible).  A member none of whose mutants
 is new any more is set aside; when the whole front is set aside it samples at random
 again.
 """
@@ -18,10 +18,10 @@ from .base import Strategy
 
 
 class LocalStrategy(Strategy):
-    """Random start: budget // 10 architectures, clamped to [8, 20]."""
+    """Random start: budget // 10 architectures, clamped to [10, 40]."""
 
     def _setup(self) -> None:
-        self.n_start = int(np.clip(self.budget // 10, 8, 20))
+        self.n_start = int(np.clip(self.budget // 10, 10, 40))
         self._exhausted: set[str] = set()
 
     def _ask(self, n: int) -> list[dict]:
@@ -31,7 +31,7 @@ class LocalStrategy(Strategy):
             for i in self.rng.permutation(len(front)):
                 if len(out) == n:
                     break
-                arch = self.fresh(lambda: self.space.mutate(front[i], self.rng))
+                arch = self.fresh(lambda: self.space.mutate(front[i], self.rng, rate=0.0))
                 if arch is None:
                     self._exhausted.add(arch_key(front[i]))
                 else:

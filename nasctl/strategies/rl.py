@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from ..spaces.base import Arch, arch_key
-from .base import Strategy, violation
+from .base import Strategy, one_thread, violation
 
 
 class RLStrategy(Strategy):
@@ -45,6 +45,7 @@ class RLStrategy(Strategy):
         self._sampled: dict[str, np.ndarray] = {}   # proposed key -> the preference it was sampled at
         self._baseline: float | None = None
 
+    @one_thread
     def _ask(self, n: int) -> list[dict]:
         import torch
 
@@ -65,6 +66,7 @@ class RLStrategy(Strategy):
             out.append(arch)  # the policy only draws architectures proposed before
         return out
 
+    @one_thread
     def _tell(self, archs: Sequence[Arch], F: np.ndarray, G: np.ndarray) -> None:
         import torch
 

@@ -64,6 +64,14 @@ def test_fit_from_a_table_writes_a_usable_device(ws, tmp_path):
     assert "phone" in [e["name"] for e in json.loads(invoke("--workspace", ws, "hw", "list", "--json").stdout)]
 
 
+def test_a_fitted_device_prices_models_with_predict(ws, tmp_path):
+    invoke("--workspace", ws, "hw", "fit", "--device", "phone", "--lut", lut_csv(tmp_path / "k.csv"))
+    result = invoke("--workspace", ws, "predict", tiny_model(tmp_path / "m.onnx", 16), "--device", "phone", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["device"] == "phone" and doc["latency_ms"] > 0 and doc["energy_mj"] is None
+
+
 def test_fit_help_documents_the_columns():
     text = " ".join(invoke("hw", "fit", "--help").stdout.split())
     for column in LUT_COLUMNS + ("energy_mj", "arch", "onnx"):

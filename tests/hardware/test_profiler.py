@@ -3,7 +3,7 @@ import onnx
 import pytest
 
 from nasctl.hardware.layers import LayerSpec
-from nasctl.hardware.lut import LUT_COLUMNS, LutDevice, LutSpec, kernel_type, read_lut
+from nasctl.hardware.lut import LUT_COLUMNS, LutDevice, kernel_type, layer_from_row, read_lut
 from nasctl.hardware.onnx_import import import_onnx
 from nasctl.hardware.profiler import (NetBuilder, Protocol, attribute, in_context_costs, measure_models,
                                       measure_networks, profile_machine, random_network)
@@ -83,7 +83,6 @@ def test_quick_profile_builds_a_device_that_prices_layers(tmp_path):
     device = LutDevice.from_dict({"name": "cpu-local", **fitted.spec}, folder)
     assert not device.models_energy
     per_layer = fitted.spec["overhead"]["per_layer_ms"]
-    from nasctl.hardware.lut import layer_from_row
 
     hit = layer_from_row(rows[0])
     cost = device.estimate([LayerSpec("add", 1, 1, (1, 1), (1, 1)), hit]).costs[1]
@@ -104,3 +103,30 @@ def test_long_kernels_are_timed_alone(tmp_path):
     assert set(m.alone) == {0, 1} and all(ms > 0 for ms, _, _ in m.alone.values())
     costs, info = in_context_costs(measured)
     assert np.all(costs[0] > 0) and info["kernels_timed_alone"] == 2
+
+
+def test_energy_is_recorded_where_the_machine_has_counters(monkeypatch, tmp_path):
+    """A fake RAPL counter that rises at 2 W: each kernel's energy is its time x 2 W."""
+    import time
+
+    from nasctl.hardware import profiler
+
+    counter = tmp_path / "energy_uj"
+    counter.write_text("0")
+    monkeypatch.setattr(profiler, "energy_counters", lambda: [counter])
+    monkeypatch.setattr(profiler, "read_energy_uj", lambda: time.perf_counter() * 2e6)
+    fitted = profile_machine("cpu-local", Protocol(rounds=2, repeats=1, warmup=1), kernels=20, seed=4)
+    assert fitted.spec["models_energy"] is True and "RAPL" in fitted.spec["energy"]
+    device = fitted.device()
+    cost = device.estimate([layer_from_row(fitted.rows[0])]).costs[0]
+    assert cost.energy_mj is not None and cost.energy_mj > 0
+    assert all(r["energy_mj"] > 0 for r in fitted.rows)
+
+
+def test_no_counters_means_latency_only(monkeypatch):
+    from nasctl.hardware import profiler
+
+    monkeypatch.setattr(profiler, "energy_counters", lambda: [])
+    fitted = profile_machine("cpu-local", Protocol(rounds=2, repeats=1, warmup=1), kernels=20, seed=5)
+    assert fitted.spec["models_energy"] is False and fitted.spec["energy"].startswith("latency only")
+    assert not fitted.device().models_energy

@@ -19,12 +19,14 @@ SPACES = ["ee-mbv2", "nb201"]                  # ordered knobs; unordered (op-na
 
 
 def budget(name):
-    return 16 if name == "gp" else 60  # the GP sampler spends ~0.2 s a proposal after its first 10
+    # the GP sampler spends ~0.2 s a proposal after its first 10; the RL policy needs a
+    # few more updates than the others to show it learns on these toys
+    return {"gp": 16, "rl": 120}.get(name, 60)
 
 
 def window(name):
     """How many proposals are compared: the first ones against the last ones."""
-    return min(10, budget(name) // 3)
+    return min(20, budget(name) // 3)
 
 
 def toy_objectives(space, arch):
@@ -35,7 +37,7 @@ def toy_objectives(space, arch):
 
 def small(space, arch):
     """A constraint: few knobs away from their first choice (feasible where <= 0)."""
-    return np.count_nonzero(space.to_indices(arch)) - len(space.variables()) // 3
+    return np.count_nonzero(space.to_indices(arch)) - len(space.variables()) // 2
 
 
 def drive(name, space, seed, n_total, constraint=None, max_ask=None):
@@ -122,7 +124,7 @@ def test_quiet(name, capfd):
     """No warnings (optuna's experimental or deprecation ones), no log lines."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        drive(name, load_space("nb201"), 0, budget(name))
+        drive(name, load_space("nb201"), 0, budget(name), constraint=small)
     out, err = capfd.readouterr()
     assert out == "" and err == ""
 
@@ -131,13 +133,20 @@ def hypervolume(F, lo, hi):
     return HV(ref_point=np.full(2, 1.1))((F - lo) / (hi - lo))
 
 
+def dominated_share(F, of):
+    """Mean share of the rows of F that dominate each row of `of`."""
+    return np.mean([np.mean(np.all(F <= f, axis=1) & np.any(F < f, axis=1)) for f in of])
+
+
 @pytest.mark.parametrize("name", LEARNING)
 def test_improves_over_its_first_proposals(name, space):
     proposed, _ = drive(name, space, 0, budget(name))
     F = np.array([toy_objectives(space, a) for a in proposed])
-    lo, hi = F.min(axis=0), F.max(axis=0)
-    w = window(name)
-    assert hypervolume(F[-w:], lo, hi) > hypervolume(F[:w], lo, hi)
+    lo, hi, w = F.min(axis=0), F.max(axis=0), window(name)
+    assert hypervolume(F[-w:], lo, hi) > 1.1 * hypervolume(F[:w], lo, hi)
+    # and the last proposals lie nearer the front: fewer of the run's architectures
+    # dominate them (random search stays near a ratio of 1)
+    assert dominated_share(F, F[:w]) > 2 * dominated_share(F, F[-w:])
 
 
 @pytest.mark.parametrize("name", LEARNING)
@@ -145,7 +154,7 @@ def test_learns_to_meet_a_constraint(name, space):
     proposed, _ = drive(name, space, 0, budget(name), constraint=small)
     feasible = np.array([small(space, a) <= 0 for a in proposed])
     w = window(name)
-    assert feasible[-w:].mean() > feasible[:w].mean()
+    assert feasible[-w:].mean() >= feasible[:w].mean() + 0.2
 
 
 def test_unknown_strategy_is_one_clear_line():
