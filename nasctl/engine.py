@@ -105,19 +105,26 @@ class Evaluator:
 
     def __call__(self, arch: dict) -> dict:
         """The trials.csv row of `arch` (without its trial number); MissingEntry if a table lacks it."""
+        t0 = time.perf_counter()
+        accuracy, rates = self.outcome(arch)
+        return self.row(arch, accuracy, rates, time.perf_counter() - t0)
+
+    def outcome(self, arch: dict) -> tuple[float, list[float]]:
+        """What training tells about `arch` (or a table): its accuracy and the share of
+        inputs leaving at each of its active exits, final classifier last."""
+        if self.acc_table is not None:
+            return self.acc_table.lookup(arch_key(arch)), [0.0] * (len(self.space.active_exits(arch)) - 1) + [1.0]
+        from .evaluation.train import evaluate
+
+        res = evaluate(self.space, arch, self.dataset, self.settings, seed=candidate_seed(self.cfg.seed, arch_key(arch)))
+        return res.accuracy, res.exit_rates
+
+    def row(self, arch: dict, accuracy: float, rates: list[float], train_s: float) -> dict:
+        """The trials.csv row of `arch` given its accuracy and exit rates: costs on the
+        device (expected over the exits) or from the latency table."""
         key = arch_key(arch)
         layers = self.space.to_layers(arch, self.input_shape, self.classes)
         active = self.space.active_exits(arch)
-        t0 = time.perf_counter()
-        if self.acc_table is not None:
-            accuracy, rates = self.acc_table.lookup(key), [0.0] * (len(active) - 1) + [1.0]
-        else:
-            from .evaluation.train import evaluate
-
-            res = evaluate(self.space, arch, self.dataset, self.settings,
-                           seed=candidate_seed(self.cfg.seed, key))
-            accuracy, rates = res.accuracy, res.exit_rates
-        train_s = time.perf_counter() - t0
         if self.latency_table is not None:
             latency, energy = self.latency_table.lookup(key), None
         else:
