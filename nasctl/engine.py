@@ -116,7 +116,8 @@ class Evaluator:
             return self.acc_table.lookup(arch_key(arch)), [0.0] * (len(self.space.active_exits(arch)) - 1) + [1.0]
         from .evaluation.train import evaluate
 
-        res = evaluate(self.space, arch, self.dataset, self.settings, seed=candidate_seed(self.cfg.seed, arch_key(arch)))
+        seed = candidate_seed(self.cfg.seed, arch_key(arch))
+        res = evaluate(self.space, arch, self.dataset, self.settings, seed=seed)
         return res.accuracy, res.exit_rates
 
     def row(self, arch: dict, accuracy: float, rates: list[float], train_s: float) -> dict:
