@@ -35,6 +35,8 @@ class SearchConfig(BaseModel):
     storage: Optional[str] = None
     study: Optional[str] = None
     workers: int = Field(default=1, ge=1)
+    surrogate: Optional[str] = None  # a predictor model kind screening the proposals
+    screen: int = Field(default=5, ge=2)  # candidates proposed per real evaluation with a surrogate
 
     @field_validator("objectives")
     @classmethod

@@ -30,6 +30,7 @@ from .spaces.base import arch_key
 from .spaces.loader import load_space
 from .store import RunStore, TrialStore
 from .strategies import STRATEGIES
+from .surrogate import Surrogate, batch_tau, choose, log_refit, n_real
 from .tables import ArchTable, MissingEntry, is_table
 
 # How many rounds in a row a strategy may propose only candidates already evaluated.
@@ -167,7 +168,11 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
     t_start = time.perf_counter()
     threads = max(1, (os.cpu_count() or 1) // cfg.workers) if cfg.workers > 1 else None
     evaluator = Evaluator(cfg, threads)
-    STRATEGIES.get(cfg.strategy)  # an unknown strategy fails before any folder is made
+    STRATEGIES.get(cfg.strategy)  # an unknown strategy or surrogate fails before any folder is made
+    if cfg.surrogate:
+        from .predictors import PREDICTORS
+
+        PREDICTORS.get(cfg.surrogate)
     if resume:
         store = RunStore(run_dir, evaluator.columns)
     else:
@@ -232,19 +237,27 @@ def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int
           on_trial: Callable[[dict, int], None] | None = None) -> None:
     cfg, space = evaluator.cfg, evaluator.space
     strategy = STRATEGIES.get(cfg.strategy)()
+    # With a surrogate, the strategy is told about `screen` candidates per real evaluation.
     strategy.setup(space, len(cfg.objectives), len(evaluator.constraints), seed=cfg.seed + worker,
-                   budget=cfg.budget)
+                   budget=cfg.budget * (cfg.screen if cfg.surrogate else 1))
+    surrogate = Surrogate(cfg.surrogate, space, seed=cfg.seed + worker) if cfg.surrogate else None
+    screened: list[tuple[float, float]] = []  # (real, predicted) accuracy of every screened-in trial
     seen = {row["arch"]: row for row in trials.finished_rows()}
     failed = trials.failed_keys()
     stalled = 0
     while (claimed := trials.n_claimed()) < cfg.budget and stalled < _MAX_STALLED_ROUNDS:
-        archs = [space.validate(a) for a in strategy.ask(cfg.budget - claimed)]
+        ready = surrogate is not None and surrogate.ready(len(seen))
+        n = surrogate.ask_size(len(seen), cfg.budget - claimed, cfg.screen) if surrogate else cfg.budget - claimed
+        archs = [space.validate(a) for a in strategy.ask(n)]
         if not archs:
             break
+        new = [a for a in archs if arch_key(a) not in seen and arch_key(a) not in failed]
+        screening = _screen(evaluator, surrogate, new, seen) if ready else None
+        skipped = screening.skipped if screening else {}
         evaluated = 0
-        for arch in archs:
+        for arch in new:
             key = arch_key(arch)
-            if key in seen or key in failed or trials.n_claimed() >= cfg.budget:
+            if key in skipped or trials.n_claimed() >= cfg.budget:
                 continue
             trial = trials.start(arch, key)
             try:
@@ -265,8 +278,43 @@ def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int
             store.append(row)
             if on_trial:
                 on_trial(row, len(seen))
-        _tell(strategy, archs, seen, cfg.objectives, evaluator.constraints)
+        if screening:
+            batch = [(seen[k]["accuracy"], acc) for k, acc in screening.chosen.items() if k in seen]
+            screened += batch
+            log_refit(store.path, worker=worker, refit=surrogate.refits, trials=screening.trials,
+                      proposed=len(new), evaluated=len(batch), kendall_tau=batch_tau(batch),
+                      kendall_tau_so_far=batch_tau(screened), fit_s=screening.fit_s)
+        _tell(strategy, archs, {**skipped, **seen}, cfg.objectives, evaluator.constraints)
         stalled = 0 if evaluated else stalled + 1
+
+
+@dataclass
+class _Screening:
+    chosen: dict[str, float]    # key -> predicted accuracy, of the candidates to evaluate
+    skipped: dict[str, dict]    # key -> predicted trials.csv row, of the others
+    trials: int                 # finished trials the surrogate was fitted on
+    fit_s: float
+
+
+def _screen(evaluator: Evaluator, surrogate: Surrogate, new: list[dict], seen: dict) -> _Screening:
+    """Refit the surrogate and split a batch of new candidates into those to evaluate for
+    real (one in `screen`) and the others, with their predicted rows."""
+    cfg = evaluator.cfg
+    t0 = time.perf_counter()
+    surrogate.refit(list(seen.values()))
+    fit_s = round(time.perf_counter() - t0, 3)
+    rows = {}
+    for arch, (accuracy, rates) in zip(new, surrogate.predict(new)):
+        try:
+            rows[arch_key(arch)] = evaluator.row(arch, accuracy, rates, 0.0)
+        except MissingEntry:
+            pass  # a latency table lacks it: evaluating it records the failed trial
+    keys = list(rows)
+    pick = choose([rows[k] for k in keys], list(seen.values()), cfg.objectives,
+                  [sum(max(c.violation(rows[k]), 0.0) for c in evaluator.constraints) for k in keys],
+                  n_real(len(new), cfg.screen))
+    chosen = {keys[i]: rows[keys[i]]["accuracy"] for i in pick}
+    return _Screening(chosen, {k: r for k, r in rows.items() if k not in chosen}, len(seen), fit_s)
 
 
 def _tell(strategy, archs: list[dict], seen: dict, objectives: list[str], constraints: list[Constraint]) -> None:

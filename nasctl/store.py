@@ -35,6 +35,16 @@ def cell(value) -> str:
     return "" if value is None else str(value)
 
 
+def append_csv(path: Path, values: Sequence, header: Sequence[str] | None = None) -> None:
+    """Append one row to a CSV file under an exclusive lock (local workers share run
+    files); `header` first where the file is new or empty."""
+    with open(path, "a", newline="") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        if header is not None and f.tell() == 0:
+            csv.writer(f).writerow(header)
+        csv.writer(f).writerow(values)
+
+
 class RunStore:
     def __init__(self, path: Path, columns: Sequence[str]):
         self.path = path
@@ -67,9 +77,7 @@ class RunStore:
 
     def append(self, row: Mapping) -> None:
         """Add one finished trial. The file is locked, so local workers can share it."""
-        with open(self.trials_path, "a", newline="") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            csv.writer(f).writerow([cell(row.get(c)) for c in self.columns])
+        append_csv(self.trials_path, [cell(row.get(c)) for c in self.columns])
 
     def write_trials(self, rows: Sequence[Mapping]) -> None:
         self._write(self.trials_path, rows)

@@ -43,6 +43,11 @@ def search(
              "[default: study.db in the run folder]")] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name in the storage. [default: the run id]")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Local worker processes on one study. [default: 1]")] = None,
+    surrogate: Annotated[Optional[str], typer.Option(
+        help="Screen proposals with an accuracy predictor of this model kind (see `nasctl predictor models`), "
+             "refit every generation on the trials so far; only the most promising get real evaluation.")] = None,
+    screen: Annotated[Optional[int], typer.Option(
+        help=f"With --surrogate: candidates proposed per real evaluation. {_d('screen')}")] = None,
     config: Annotated[Optional[Path], typer.Option(
         help="YAML or TOML file of settings (keys as in a run's config.yaml); flags override it.")] = None,
     print_config: Annotated[bool, typer.Option(
@@ -70,7 +75,8 @@ def search(
                       strategy=strategy, objectives=objectives.split(",") if objectives else None,
                       budget=budget, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
                       train_device=train_device, max_latency_ms=max_latency_ms, max_energy_mj=max_energy_mj,
-                      max_params=max_params, storage=storage, study=study, workers=workers)
+                      max_params=max_params, storage=storage, study=study, workers=workers,
+                      surrogate=surrogate, screen=screen)
     if print_config:
         import yaml
 
