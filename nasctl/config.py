@@ -4,13 +4,16 @@ flags overriding them, and written to the run folder as config.yaml."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError
 from .objectives import check_objectives
 from .specs import validation_message
+
+# How an early exit measures its confidence (see nasctl.evaluation.train.confidence).
+EXIT_POLICIES = ("max-softmax", "entropy")
 
 
 class SearchConfig(BaseModel):
@@ -27,6 +30,9 @@ class SearchConfig(BaseModel):
     batch_size: int = Field(default=64, ge=1)
     lr: float = Field(default=5e-3, gt=0)
     exit_tolerance: float = Field(default=1.0, ge=0)
+    exit_policy: str = "max-softmax"
+    exit_rates: Optional[dict[str, float]] = None  # early exit name -> target share of inputs
+    pin: dict[str, Union[int, float, str]] = {}  # knob -> the one value the search may give it
     seed: int = Field(default=0, ge=0)
     train_device: Literal["auto", "cpu", "cuda"] = "auto"
     max_latency_ms: Optional[float] = Field(default=None, gt=0)
@@ -37,6 +43,21 @@ class SearchConfig(BaseModel):
     workers: int = Field(default=1, ge=1)
     surrogate: Optional[str] = None  # a predictor model kind screening the proposals
     screen: int = Field(default=5, ge=2)  # candidates proposed per real evaluation with a surrogate
+
+    @field_validator("exit_policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        if v not in EXIT_POLICIES:
+            raise ValueError(f"'{v}' is not one of: {', '.join(EXIT_POLICIES)}")
+        return v
+
+    @field_validator("exit_rates")
+    @classmethod
+    def _rates(cls, v: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
+        if v is not None and (any(not 0 <= r <= 1 for r in v.values()) or sum(v.values()) > 1 + 1e-9):
+            raise ValueError(f"{v} is not allowed; give each early exit a share between 0 and 1, "
+                             "together at most 1")
+        return v
 
     @field_validator("objectives")
     @classmethod
@@ -61,6 +82,19 @@ def read_config_file(path: Path) -> dict:
     else:
         data = read_yaml(path)
     return {k: v for k, v in data.items() if k not in INFO_KEYS}
+
+
+def read_settings(config: Path | None = None, preset: str | None = None) -> tuple[dict, str]:
+    """Settings from a preset (a settings file shipped in a workspace's presets/ folder) and a
+    --config file on top of it, and the name of their source for error messages."""
+    from . import workspace
+
+    values, sources = {}, []
+    for path in (workspace.find("presets", preset, "preset") if preset else None, config):
+        if path is not None:
+            values.update(read_config_file(path))
+            sources.append(str(path))
+    return values, " + ".join(sources) or "setting"
 
 
 def make_config(file_values: dict | None = None, source: str = "setting", **flags) -> SearchConfig:

@@ -23,11 +23,12 @@ import numpy as np
 from . import workspace
 from .config import SearchConfig
 from .errors import Interrupted, UsageError, WorkFailed
-from .hardware.base import expected_cost
+from .hardware.base import dynamic_efficiency, exit_overhead, expected_cost
 from .hardware.loader import load_device
 from .objectives import CONSTRAINT_METRICS, METRICS, Constraint, minimisation_matrix, pareto_front
 from .spaces.base import arch_key
 from .spaces.loader import load_space
+from .spaces.pinned import pin_knobs
 from .store import RunStore, TrialStore
 from .strategies import STRATEGIES
 from .surrogate import Surrogate, batch_tau, choose, log_refit, n_real
@@ -60,16 +61,21 @@ class Evaluator:
 
     def __init__(self, cfg: SearchConfig, threads: int | None = None):
         self.cfg = cfg
-        self.space = load_space(cfg.space)
+        self.space = pin_knobs(load_space(cfg.space), cfg.pin)
         self.device = None if is_table(cfg.device) else load_device(cfg.device)
         self.latency_table = ArchTable(cfg.device, self.space) if is_table(cfg.device) else None
         models_energy = self.device is not None and self.device.models_energy
-        if not models_energy and {"energy_mj", "edp"} & set(cfg.objectives):
-            raise UsageError(f"device '{cfg.device}' models latency only; objectives energy_mj and edp "
+        if not models_energy and {"energy_mj", "edp", "exit_overhead", "dynamic_efficiency"} & set(cfg.objectives):
+            raise UsageError(f"device '{cfg.device}' models latency only; objectives energy_mj, edp, exit_overhead "
+                             "and dynamic_efficiency "
                              "need a device that models energy (e.g. --objectives accuracy,latency_ms)")
         self.constraints = [Constraint(metric, getattr(cfg, flag)) for flag, metric in CONSTRAINT_METRICS.items()
                             if getattr(cfg, flag) is not None]
         self.exits = self.space.exit_names()
+        unknown = sorted(set(cfg.exit_rates or ()) - set(self.exits[:-1]))
+        if unknown:
+            raise UsageError(f"exit_rates: unknown exit(s) {', '.join(unknown)}; early exits of space "
+                             f"'{self.space.name}': {', '.join(self.exits[:-1]) or 'none'}")
         self.dataset = self.acc_table = None
         if cfg.accuracy == "proxy":
             from .evaluation.datasets import load_dataset
@@ -79,6 +85,9 @@ class Evaluator:
             self.dataset = load_dataset(cfg.dataset, cfg.seed)
             self.settings = TrainSettings(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                                           device=self.train_device, exit_tolerance=cfg.exit_tolerance,
+                                          exit_policy=cfg.exit_policy,
+                                          exit_rates=None if cfg.exit_rates is None else
+                                          {e: cfg.exit_rates.get(e, 0.0) for e in self.exits[:-1]},
                                           threads=threads)
             self.input_shape, self.classes = self.dataset.input_shape, self.dataset.classes
         elif is_table(cfg.accuracy):
@@ -90,7 +99,8 @@ class Evaluator:
     @property
     def columns(self) -> list[str]:
         return ["trial", "arch", "accuracy", "latency_ms", "energy_mj", "edp", "params", "macs",
-                *[f"exit_rate_{e}" for e in self.exits], "feasible", "train_s"]
+                *[f"exit_rate_{e}" for e in self.exits], "exit_overhead", "dynamic_efficiency", "feasible",
+                "train_s"]
 
     def resolved(self) -> dict:
         out: dict = {"input_shape": list(self.input_shape), "classes": self.classes}
@@ -127,6 +137,7 @@ class Evaluator:
         key = arch_key(arch)
         layers = self.space.to_layers(arch, self.input_shape, self.classes)
         active = self.space.active_exits(arch)
+        overhead = efficiency = None
         if self.latency_table is not None:
             latency, energy = self.latency_table.lookup(key), None
         else:
@@ -137,12 +148,17 @@ class Evaluator:
             lat_path, en_path = report.exit_path_costs()
             latency = expected_cost(lat_path, rates)
             energy = expected_cost(en_path, rates) if en_path is not None else None
+            if energy is not None:
+                static_latency, static_energy = report.static_costs()
+                overhead = exit_overhead(report.exit_path_costs(roles={"exit"})[1], rates, static_energy)
+                efficiency = dynamic_efficiency(latency * energy, static_latency * static_energy)
         exit_rates = dict.fromkeys(self.exits, 0.0)
         exit_rates.update(zip(active, rates))
         row = {"arch": key, "accuracy": accuracy, "latency_ms": latency, "energy_mj": energy,
                "edp": None if energy is None else latency * energy,
                "params": sum(layer.params for layer in layers), "macs": sum(layer.macs for layer in layers),
-               **{f"exit_rate_{e}": p for e, p in exit_rates.items()}, "train_s": train_s}
+               **{f"exit_rate_{e}": p for e, p in exit_rates.items()}, "exit_overhead": overhead,
+               "dynamic_efficiency": efficiency, "train_s": train_s}
         row["feasible"] = all(c.violation(row) <= 0 for c in self.constraints)
         return row
 

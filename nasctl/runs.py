@@ -34,7 +34,8 @@ REFERENCE_RULE = "per objective, the worst feasible value plus 10% of the feasib
 # How metrics are shown on screen and in plots: name, unit, factor from the trials.csv unit.
 DISPLAY = {"accuracy": ("accuracy", "%", 1.0), "latency_ms": ("latency", "µs", 1e3),
            "energy_mj": ("energy", "µJ", 1e3), "edp": ("EDP", "µJ·µs", 1e6),
-           "params": ("parameters", "", 1.0), "macs": ("MACs", "", 1.0)}
+           "params": ("parameters", "", 1.0), "macs": ("MACs", "", 1.0),
+           "exit_overhead": ("exit overhead", "%", 100.0), "dynamic_efficiency": ("dynamic efficiency", "%", 100.0)}
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .errors import UsageError
 
-DATA_FOLDERS = ("search_spaces", "hardware", "predictors")
+DATA_FOLDERS = ("search_spaces", "hardware", "predictors", "presets")
 _PACKAGE = Path(__file__).resolve().parent
 _explicit: Path | None = None
 

@@ -24,7 +24,8 @@ def search(
         help=f"'digits', a CIFAR-10 python-batches folder or an .npz file. {_d('dataset')}")] = None,
     strategy: Annotated[Optional[str], typer.Option(help=f"Search strategy. {_d('strategy')}")] = None,
     objectives: Annotated[Optional[str], typer.Option(
-        help="Comma-separated metrics to optimise (accuracy, latency_ms, energy_mj, edp, params, macs). "
+        help="Comma-separated metrics to optimise (accuracy, latency_ms, energy_mj, edp, params, macs, "
+             "exit_overhead, dynamic_efficiency). "
              "[default: accuracy,edp; accuracy,latency_ms on devices that model latency only]")] = None,
     budget: Annotated[Optional[int], typer.Option(help=f"Candidates to evaluate. {_d('budget')}")] = None,
     epochs: Annotated[Optional[int], typer.Option(help=f"Proxy-training epochs per candidate. {_d('epochs')}")] = None,
@@ -48,6 +49,17 @@ def search(
              "refit every generation on the trials so far; only the most promising get real evaluation.")] = None,
     screen: Annotated[Optional[int], typer.Option(
         help=f"With --surrogate: candidates proposed per real evaluation. {_d('screen')}")] = None,
+    exit_policy: Annotated[Optional[str], typer.Option(
+        help=f"Early-exit confidence: max-softmax or entropy. {_d('exit_policy')}")] = None,
+    exit_tolerance: Annotated[Optional[float], typer.Option(
+        help="Accuracy points the early exits may cost on validation data (thresholds calibrated to it). "
+             f"{_d('exit_tolerance')}")] = None,
+    exit_rates: Annotated[Optional[str], typer.Option(
+        help="Calibrate thresholds to target exit rates instead, e.g. s1=0.3,s2=0.3 (share of all inputs).")] = None,
+    pin: Annotated[Optional[str], typer.Option(
+        help="Fix knobs of the space, e.g. exit_s1=0,exit_s2=0,backbone_bits=8 (a static baseline).")] = None,
+    preset: Annotated[Optional[str], typer.Option(
+        help="Settings shipped in a workspace's presets/ folder (e.g. eenn); --config and flags override it.")] = None,
     config: Annotated[Optional[Path], typer.Option(
         help="YAML or TOML file of settings (keys as in a run's config.yaml); flags override it.")] = None,
     print_config: Annotated[bool, typer.Option(
@@ -58,7 +70,7 @@ def search(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ):
     """Search a space for the Pareto front of accuracy and device cost."""
-    from ..config import read_config_file
+    from ..config import read_config_file, read_settings
     from ..engine import run_search
     from ..store import find_run, stored_config
 
@@ -66,8 +78,8 @@ def search(
     if resume is not None:
         run_dir = find_run(resume)
         file_values, source = read_config_file(run_dir / "config.yaml"), str(run_dir / "config.yaml")
-    elif config is not None:
-        file_values, source = read_config_file(config), str(config)
+    elif config is not None or preset is not None:
+        file_values, source = read_settings(config, preset)
     if resume is None and storage and study and (joined := stored_config(storage, study)):
         # joining a search another machine started: its settings, this machine's flags on top
         file_values, source = {**joined, **file_values}, f"study '{study}'"
@@ -76,7 +88,10 @@ def search(
                       budget=budget, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
                       train_device=train_device, max_latency_ms=max_latency_ms, max_energy_mj=max_energy_mj,
                       max_params=max_params, storage=storage, study=study, workers=workers,
-                      surrogate=surrogate, screen=screen)
+                      surrogate=surrogate, screen=screen,
+                      exit_policy=exit_policy, exit_tolerance=exit_tolerance,
+                      exit_rates=_assignments("--exit-rates", exit_rates, float),
+                      pin=_assignments("--pin", pin, _scalar))
     if print_config:
         import yaml
 
@@ -93,6 +108,32 @@ def search(
     out.print(f"{len(result.trials)} candidates evaluated in {result.timings['total_s']:.0f} s; "
               f"{len(result.front)} on the Pareto front.")
     out.print(f"Run folder: {result.run_dir}")
+
+
+def _scalar(text: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _assignments(flag: str, text: Optional[str], kind) -> Optional[dict]:
+    """`a=1,b=2` as {"a": kind("1"), "b": kind("2")}; a malformed item is a one-line usage error."""
+    if text is None:
+        return None
+    out = {}
+    for item in text.split(","):
+        name, eq, value = item.partition("=")
+        try:
+            if not (eq and name.strip()):
+                raise ValueError
+            out[name.strip()] = kind(value.strip())
+        except ValueError:
+            raise typer.BadParameter(f"'{item}' is not NAME=VALUE (e.g. {flag} s1=0.3,s2=0.2)",
+                                     param_hint=flag) from None
+    return out
 
 
 class _Progress:

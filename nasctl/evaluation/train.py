@@ -7,8 +7,12 @@
     learning-rate decay to zero over all steps and mini-batches shuffled from `seed`.
     Layers below 16 bits train quantization-aware (their fake quantizers are in the
     network itself);
- 2. calibrates one confidence threshold per early exit on the validation split
-    (`calibrate_thresholds`), confidence being the maximum softmax probability;
+ 2. calibrates one confidence threshold per early exit on the validation split, either
+    to a target accuracy drop (`calibrate_thresholds`; the architecture's own
+    `exit_tolerance` knob, where its space has one, overrides `settings.exit_tolerance`)
+    or to target exit rates (`rate_thresholds`), confidence being the exit policy's
+    measure (`confidence`: the maximum softmax probability, or one minus the normalised
+    entropy of the softmax);
  3. routes each test input to the first exit whose confidence reaches its threshold
     (the final classifier takes the rest) and reports the accuracy of those decisions
     and the share of inputs leaving at each exit.
@@ -27,11 +31,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..config import EXIT_POLICIES
 from ..errors import UsageError
 from .datasets import Dataset
 
 DEVICES = ("auto", "cpu", "cuda")
-NO_EXIT = 2.0  # threshold of an exit that takes no inputs: above any softmax confidence, still valid JSON
+NO_EXIT = 2.0  # threshold of an exit that takes no inputs: above any confidence, still valid JSON
 EVAL_BATCH = 1024
 
 
@@ -44,7 +49,10 @@ class TrainSettings:
     lr: float = 5e-3
     weight_decay: float = 0.01
     exit_weight: float = 1.0      # loss weight of each early exit (the final classifier's is 1)
-    exit_tolerance: float = 1.0   # accuracy points an early exit may lose against the final classifier
+    exit_tolerance: float = 1.0   # accuracy points the exits may cost against the final classifier alone
+    exit_policy: str = "max-softmax"  # one of EXIT_POLICIES
+    exit_rates: dict[str, float] | None = None  # target share of inputs per early exit (by name), instead
+                                                # of calibrating to exit_tolerance
     device: str = "cpu"           # "cpu" or "cuda"; see resolve_train_device
     threads: int | None = None    # CPU threads for torch; None keeps torch's default (one per core)
 
@@ -80,33 +88,69 @@ def resolve_train_device(choice: str) -> str:
     return choice
 
 
+def confidence(probs: torch.Tensor, policy: str) -> torch.Tensor:
+    """How sure each prediction is, from softmax probabilities (classes on the last axis):
+    'max-softmax' is the largest probability; 'entropy' is 1 - H(p) / log(C), with H the
+    entropy in nats and C the class count (1 for a one-hot p, 0 for a uniform one)."""
+    if policy == "max-softmax":
+        return probs.max(dim=-1).values
+    if policy == "entropy":
+        entropy = -(probs * probs.clamp_min(1e-12).log()).sum(dim=-1)
+        return 1.0 - entropy / np.log(probs.shape[-1])
+    raise UsageError(f"exit policy '{policy}' is not one of: {', '.join(EXIT_POLICIES)}")
+
+
 def calibrate_thresholds(confidence: np.ndarray, correct: np.ndarray, tolerance: float) -> list[float]:
-    """One threshold per early exit from validation confidences.
+    """One threshold per early exit from validation confidences, so that the early-exit
+    network loses at most `tolerance` accuracy points against its final classifier alone.
 
     confidence, correct: arrays K×N over K exits (final classifier last) and N validation
-    inputs; confidence[k, i] is exit k's maximum softmax probability on input i, correct[k, i]
-    whether its prediction is right.  Target accuracy, in points:
-        A* = 100 · mean(correct[K-1]) - tolerance.
-    For k = 0 … K-2 in order, over the inputs no earlier exit took, the threshold t_k is the
-    lowest t such that the inputs with confidence[k] ≥ t are classified with accuracy ≥ A*;
-    when no t qualifies t_k = NO_EXIT and the exit takes no inputs.
+    inputs; confidence[k, i] is exit k's confidence on input i, correct[k, i] whether its
+    prediction is right.  Target accuracy, as a share: A* = mean(correct[K-1]) - tolerance/100.
+    For k = 0 … K-2 in order, with the earlier exits at their thresholds and the final
+    classifier answering every input no exit up to k takes, the threshold t_k is the lowest t
+    keeping the accuracy of those decisions ≥ A*; when no t does, t_k = NO_EXIT and the exit
+    takes no inputs.  Each step keeps the decisions at ≥ A* (taking nothing keeps the previous
+    step's accuracy), so the calibrated network meets A* on these inputs.
     """
     confidence = np.asarray(confidence, dtype=np.float64)
     correct = np.asarray(correct, dtype=bool)
-    target = correct[-1].mean() - tolerance / 100.0
-    in_flight = np.ones(confidence.shape[1], dtype=bool)
+    n = confidence.shape[1]
+    need = (correct[-1].mean() - tolerance / 100.0) * n - 1e-9  # right decisions needed
+    in_flight = np.ones(n, dtype=bool)
+    right_so_far = 0  # right decisions of the earlier exits
     thresholds = []
     for conf_k, ok_k in zip(confidence[:-1], correct[:-1]):
         t = NO_EXIT
         order = np.argsort(-conf_k[in_flight], kind="stable")
-        conf, ok = conf_k[in_flight][order], ok_k[in_flight][order]
+        conf, ok, final_ok = conf_k[in_flight][order], ok_k[in_flight][order], correct[-1][in_flight][order]
         if conf.size:
-            acc = np.cumsum(ok) / np.arange(1, conf.size + 1)
+            # exit k takes the m most confident inputs in flight, the final classifier the rest
+            right = right_so_far + np.cumsum(ok) + (final_ok.sum() - np.cumsum(final_ok))
             # a threshold takes every input tied with it: candidates end a run of equal confidences
             ends_tie = np.append(conf[1:] < conf[:-1], True)
-            good = np.flatnonzero(ends_tie & (acc >= target - 1e-12))
+            good = np.flatnonzero(ends_tie & (right >= need))
             if good.size:
                 t = float(conf[good[-1]])
+                right_so_far += int(ok[:good[-1] + 1].sum())
+        thresholds.append(t)
+        in_flight &= conf_k < t
+    return thresholds
+
+
+def rate_thresholds(confidence: np.ndarray, rates: list[float]) -> list[float]:
+    """One threshold per early exit so that exit k takes about `rates[k]` of all N inputs:
+    over the inputs no earlier exit took, t_k is the round(rates[k] · N)-th highest
+    confidence (inputs tied with it leave too); NO_EXIT for a rate of 0 or when no input
+    is left."""
+    confidence = np.asarray(confidence, dtype=np.float64)
+    n = confidence.shape[1]
+    in_flight = np.ones(n, dtype=bool)
+    thresholds = []
+    for conf_k, rate in zip(confidence[:-1], rates):
+        conf = np.sort(conf_k[in_flight])[::-1]
+        m = min(int(round(rate * n)), conf.size)
+        t = float(conf[m - 1]) if m > 0 else NO_EXIT
         thresholds.append(t)
         in_flight &= conf_k < t
     return thresholds
@@ -133,9 +177,12 @@ def evaluate(space, arch, dataset: Dataset, settings: TrainSettings, seed: int) 
         start = time.perf_counter()
         _train(model, dataset, settings, seed, device)
         seconds = time.perf_counter() - start
-        val_conf, val_ok = _predict(model, dataset.x_val, dataset.y_val, device)
-        test_conf, test_ok = _predict(model, dataset.x_test, dataset.y_test, device)
-    thresholds = calibrate_thresholds(val_conf, val_ok, settings.exit_tolerance)
+        val_conf, val_ok = _predict(model, dataset.x_val, dataset.y_val, device, settings.exit_policy)
+        test_conf, test_ok = _predict(model, dataset.x_test, dataset.y_test, device, settings.exit_policy)
+    if settings.exit_rates is not None:
+        thresholds = rate_thresholds(val_conf, [settings.exit_rates[e] for e in space.active_exits(arch)[:-1]])
+    else:
+        thresholds = calibrate_thresholds(val_conf, val_ok, arch.get("exit_tolerance", settings.exit_tolerance))
     val_exit, test_exit = route(val_conf, thresholds), route(test_conf, thresholds)
     n = test_ok.shape[1]
     return EvalResult(
@@ -174,17 +221,16 @@ def _train(model: torch.nn.Module, data: Dataset, s: TrainSettings, seed: int, d
 
 
 @torch.no_grad()
-def _predict(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device):
-    """(confidence, correct), each K×N: every exit's max softmax probability and hit."""
+def _predict(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device, policy: str):
+    """(confidence, correct), each K×N: every exit's confidence under `policy` and hit."""
     model.eval()
     conf, hit = [], []
     for i in range(0, len(x), EVAL_BATCH):
         xb = torch.from_numpy(x[i:i + EVAL_BATCH]).to(device, memory_format=torch.channels_last)
         yb = torch.from_numpy(y[i:i + EVAL_BATCH]).to(device)
         probs = torch.stack([F.softmax(out.float(), dim=1) for out in model(xb)])
-        c, pred = probs.max(dim=2)
-        conf.append(c.cpu())
-        hit.append((pred == yb).cpu())
+        conf.append(confidence(probs, policy).cpu())
+        hit.append((probs.argmax(dim=2) == yb).cpu())
     return torch.cat(conf, dim=1).numpy(), torch.cat(hit, dim=1).numpy()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Collection, Sequence
 
 from .layers import LayerSpec
 
@@ -34,16 +34,19 @@ class CostReport:
             return None
         return sum(c.energy_mj for c in self.costs)
 
-    def exit_path_costs(self) -> tuple[list[float], list[float] | None]:
+    def exit_path_costs(self, roles: Collection[str] | None = None) -> tuple[list[float], list[float] | None]:
         """Latency and energy of reaching each exit (final classifier last).
 
         Reaching exit k costs every layer whose segment is <= k: the backbone up to
-        the exit plus every exit head passed on the way, its own included.
+        the exit plus every exit head passed on the way, its own included.  With
+        `roles`, only the layers of those roles count (e.g. {"exit"}: the exit heads).
         """
         n = 1 + max((layer.segment for layer in self.layers), default=0)
         lat = [0.0] * n
         en: list[float] | None = [0.0] * n
         for layer, cost in zip(self.layers, self.costs):
+            if roles is not None and layer.role not in roles:
+                continue
             for k in range(layer.segment, n):
                 lat[k] += cost.latency_ms
                 if en is not None:
@@ -54,11 +57,30 @@ class CostReport:
         return lat, en
 
 
+    def static_costs(self) -> tuple[float, float | None]:
+        """Latency and energy of the static network: the same layers without the exit heads."""
+        lat, en = self.exit_path_costs(roles={"exit"})
+        return self.latency_ms - lat[-1], None if en is None else self.energy_mj - en[-1]
+
+
 def expected_cost(path_costs: Sequence[float], exit_rates: Sequence[float]) -> float:
     """Σ_k p_k · cost of reaching exit k."""
     if len(path_costs) != len(exit_rates):
         raise ValueError(f"{len(path_costs)} exit costs but {len(exit_rates)} exit rates")
     return float(sum(c * p for c, p in zip(path_costs, exit_rates)))
+
+
+def exit_overhead(head_path_energy: Sequence[float], exit_rates: Sequence[float], static_energy: float) -> float:
+    """Energy of the exit heads on the expected path over the static network's energy:
+    Σ_k p_k · H_k / E_static, with H_k the energy of the exit heads passed on the way to
+    exit k (its own included) and E_static that of the same network without exit heads."""
+    return expected_cost(head_path_energy, exit_rates) / static_energy
+
+
+def dynamic_efficiency(edp: float, static_edp: float) -> float:
+    """1 - EDP / static EDP: the share of the static network's energy-delay product the
+    early exits save (negative where the exit heads cost more than they save)."""
+    return 1.0 - edp / static_edp
 
 
 class CostModel(ABC):

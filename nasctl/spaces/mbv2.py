@@ -1,14 +1,17 @@
 """`kind: mbv2` - a MobileNetV2-style macro space with early exits and quantization.
 
 Per stage: depth, output channels, expansion ratio, kernel size.  Early exits: whether
-an exit head follows a stage, and its width.  Quantization: bit width of the backbone
-and of the exit heads.  A list in the spec is a knob; a scalar is fixed.
+an exit head follows a stage, and its width; optionally the accuracy points the exits may
+cost (`exits.tolerance`, the knob `exit_tolerance` their thresholds are calibrated to).
+Quantization: bit width of the backbone and of the exit heads, or, with
+`quantization.per_stage`, of each backbone stage (the stem takes stage 1's width, the final
+classifier the last stage's).  A list in the spec is a knob; a scalar is fixed.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -65,11 +68,23 @@ class HeadSpec(_Strict):
 class ExitSpec(_Strict):
     after_stages: list[int] = []
     width: Choice = 32
+    tolerance: Optional[Union[float, list[float]]] = None  # accuracy points; a list is a knob
+
+    @field_validator("tolerance")
+    @classmethod
+    def _tolerance(cls, v):
+        if v is None:
+            return v
+        values = v if isinstance(v, list) else [v]
+        if not values or any(t < 0 for t in values):
+            raise ValueError("must be accuracy points >= 0, or a non-empty list of them")
+        return [float(t) for t in values]
 
 
 class QuantSpec(_Strict):
     backbone_bits: Choice = 32
     exit_bits: Choice = 32
+    per_stage: bool = False  # a backbone_bits knob per stage (s{i}_bits) instead of one for all
 
     @field_validator("backbone_bits", "exit_bits")
     @classmethod
@@ -102,8 +117,8 @@ class Mbv2Spec(_Strict):
 
 class Mbv2Space(SearchSpace):
     """Knob names: s{i}_depth, s{i}_channels, s{i}_expand, s{i}_kernel (stages 1-based),
-    exit_s{i} (0/1) and exit_s{i}_width for each stage an exit may follow,
-    backbone_bits and exit_bits."""
+    exit_s{i} (0/1) and exit_s{i}_width for each stage an exit may follow, exit_tolerance
+    (with `exits.tolerance`), backbone_bits (or s{i}_bits per stage) and exit_bits."""
 
     def __init__(self, spec: Mbv2Spec):
         self.spec = spec
@@ -116,10 +131,17 @@ class Mbv2Space(SearchSpace):
         for i in spec.exits.after_stages:
             vs.append(Variable(f"exit_s{i}", (0, 1)))
             vs.append(Variable(f"exit_s{i}_width", _choices(spec.exits.width)))
-        vs.append(Variable("backbone_bits", _choices(spec.quantization.backbone_bits)))
+        if spec.exits.tolerance is not None:
+            vs.append(Variable("exit_tolerance", tuple(spec.exits.tolerance)))
+        for knob in dict.fromkeys(self._bits_knob(i) for i in range(1, len(spec.stages) + 1)):
+            vs.append(Variable(knob, _choices(spec.quantization.backbone_bits)))
         vs.append(Variable("exit_bits", _choices(spec.quantization.exit_bits)))
         self._variables = tuple(vs)
         self._tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # device -> cost tables
+
+    def _bits_knob(self, stage: int) -> str:
+        """The knob holding the bit width of backbone stage `stage` (1-based)."""
+        return f"s{stage}_bits" if self.spec.quantization.per_stage else "backbone_bits"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Mbv2Space":
@@ -143,13 +165,13 @@ class Mbv2Space(SearchSpace):
                 {"type": "head", in, width, bits}          (the final classifier)
         """
         arch = self.validate(arch)
-        bb, eb = arch["backbone_bits"], arch["exit_bits"]
+        eb = arch["exit_bits"]
         stem = self.spec.stem
         blocks: list[dict] = [{"type": "stem", "out": stem.channels, "kernel": stem.kernel,
-                               "stride": stem.stride, "bits": bb}]
+                               "stride": stem.stride, "bits": arch[self._bits_knob(1)]}]
         c = stem.channels
         for i, st in enumerate(self.spec.stages, 1):
-            out = arch[f"s{i}_channels"]
+            out, bb = arch[f"s{i}_channels"], arch[self._bits_knob(i)]
             for d in range(arch[f"s{i}_depth"]):
                 blocks.append({"type": "mbconv", "in": c, "out": out, "expand": arch[f"s{i}_expand"],
                                "kernel": arch[f"s{i}_kernel"], "stride": st.stride if d == 0 else 1,
@@ -180,13 +202,13 @@ class Mbv2Space(SearchSpace):
             [self.to_indices(a) for a in archs], dtype=np.int64).reshape(len(archs), -1)
         t = self._cost_tables(device, tuple(input_shape), classes)
         col = {v.name: i for i, v in enumerate(self._variables)}
-        bits = X[:, col["backbone_bits"]]
         exit_bits = X[:, col["exit_bits"]]
-        total = t["stem"][:, bits]                         # (2, n): latency, energy
+        total = t["stem"][:, X[:, col[self._bits_knob(1)]]]  # (2, n): latency, energy
         reach: dict[str, np.ndarray] = {}
         prev = np.zeros(len(X), dtype=np.int64)
         for i in range(1, len(self.spec.stages) + 1):
             knobs = [X[:, col[f"s{i}_{k}"]] for k in ("channels", "expand", "kernel", "depth")]
+            bits = X[:, col[self._bits_knob(i)]]
             total = total + t[f"s{i}"][:, prev, *knobs, bits]
             prev = knobs[0]
             if i in self.spec.exits.after_stages:
@@ -207,7 +229,7 @@ class Mbv2Space(SearchSpace):
     def _build_cost_tables(self, device, input_shape, classes) -> dict[str, np.ndarray]:
         ch, h, w = input_shape
         var = {v.name: v.choices for v in self._variables}
-        bb = var["backbone_bits"]
+        bb = var[self._bits_knob(1)]  # every stage's bits knob offers the same widths
 
         def price(blocks, cin, h, w):
             layers = []

@@ -144,3 +144,44 @@ def test_layer_names_do_not_change_prices(space):
     layers = space.to_layers(space.sample(np.random.default_rng(0)), (1, 8, 8), 10)
     assert layers[0].name == "stem" and all(lay.fn == "" for lay in layers)
     assert len({lay.shape_key() for lay in layers}) < len(layers)  # repeated blocks share their key
+
+
+def test_per_stage_bits_and_tolerance_knob(root):
+    from nasctl.hardware.loader import load_device
+    from nasctl.spaces.base import SearchSpace
+    from nasctl.spaces.mbv2 import Mbv2Space
+
+    data = yaml.safe_load((root / "search_spaces" / "ee-mbv2.yaml").read_text())
+    data["quantization"]["per_stage"] = True
+    space = Mbv2Space.from_dict(data)
+    knobs = {v.name: v.choices for v in space.variables()}
+    assert "backbone_bits" not in knobs and knobs["s1_bits"] == knobs["s3_bits"] == (32, 8, 4)
+    assert knobs["exit_tolerance"] == (0.5, 1.0, 2.0)
+    arch = {**space.sample(np.random.default_rng(0)), "s1_bits": 4, "s2_bits": 8, "s3_bits": 32}
+    bits = {(b["type"], b["bits"]) for b in space.plan(arch) if b["type"] != "exit"}
+    assert ("stem", 4) in bits and ("head", 32) in bits
+    assert {b["bits"] for b in space.plan(arch) if b["type"] == "mbconv"} == {4, 8, 32}
+    device = load_device("edge-quad")
+    archs = [space.sample(np.random.default_rng(s)) for s in range(100)]
+    lat, en = space.path_costs(device, archs, (1, 8, 8), 10)
+    ref_lat, ref_en = SearchSpace.path_costs(space, device, archs, (1, 8, 8), 10)
+    np.testing.assert_allclose(lat, ref_lat, rtol=1e-9)
+    np.testing.assert_allclose(en, ref_en, rtol=1e-9)
+
+
+def test_pinned_space_narrows_knobs_and_prices_alike(space):
+    from nasctl.hardware.loader import load_device
+    from nasctl.spaces.pinned import pin_knobs
+
+    pinned = pin_knobs(space, {"exit_s1": 0, "exit_s2": 0, "backbone_bits": 8})
+    knobs = {v.name: v.choices for v in pinned.variables()}
+    assert knobs["backbone_bits"] == (8,) and knobs["exit_s1"] == (0,) and knobs["s1_depth"] == (1, 2)
+    archs = [pinned.sample(np.random.default_rng(s)) for s in range(20)]
+    assert all(a["backbone_bits"] == 8 and pinned.active_exits(a) == ["final"] for a in archs)
+    device = load_device("edge-quad")
+    X = np.array([pinned.to_indices(a) for a in archs])
+    np.testing.assert_allclose(pinned.path_costs(device, X, (1, 8, 8), 10)[0],
+                               space.path_costs(device, archs, (1, 8, 8), 10)[0])
+    assert pin_knobs(space, {}) is space
+    with pytest.raises(UsageError, match="pin: 'bits' is not a knob of space 'ee-mbv2'"):
+        pin_knobs(space, {"bits": 8})

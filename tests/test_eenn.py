@@ -1,0 +1,78 @@
+"""Early-exit co-design searches: presets, exit policies, pinned (static) baselines, exit metrics."""
+
+import csv
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from nasctl.cli import app
+
+runner = CliRunner()
+TINY = ["--budget", "3", "--epochs", "1", "--strategy", "random"]
+STATIC_INT8 = "exit_s1=0,exit_s2=0,exit_s1_width=16,exit_s2_width=16,exit_bits=8,backbone_bits=8"
+
+
+def search(*args):
+    return runner.invoke(app, ["search", *args])
+
+
+def rows(run):
+    with open(run / "trials.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_preset_settings_with_config_and_flags_on_top(tmp_path):
+    resolved = yaml.safe_load(search("--preset", "eenn", "--print-config").stdout)
+    assert resolved["space"] == "ee-mbv2" and resolved["device"] == "edge-quad"
+    assert resolved["objectives"] == ["accuracy", "edp", "exit_overhead"]
+    cfg = tmp_path / "mine.yaml"
+    cfg.write_text("budget: 9\nexit_policy: entropy\n")
+    result = search("--preset", "eenn", "--config", str(cfg), "--seed", "5", "--print-config")
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["budget"] == 9 and resolved["exit_policy"] == "entropy" and resolved["seed"] == 5
+    assert resolved["objectives"] == ["accuracy", "edp", "exit_overhead"]
+
+
+def test_a_workspace_preset_is_found(tmp_path):
+    (tmp_path / "ws" / "presets").mkdir(parents=True)
+    (tmp_path / "ws" / "presets" / "quick.yaml").write_text("budget: 2\nepochs: 1\n")
+    result = runner.invoke(app, ["--workspace", str(tmp_path / "ws"), "search", "--preset", "quick",
+                                 "--print-config"])
+    assert yaml.safe_load(result.stdout)["budget"] == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset", "nope"], "unknown preset 'nope'; known: eenn"),
+    (["--exit-policy", "margin"], "exit_policy: Value error, 'margin' is not one of: max-softmax, entropy"),
+    (["--exit-rates", "s1=lots"], "'s1=lots' is not NAME=VALUE"),
+    (["--exit-rates", "s1=0.7,s2=0.6"], "give each early exit a share between 0 and 1, together at most 1"),
+    (["--exit-rates", "s3=0.2"], "exit_rates: unknown exit(s) s3; early exits of space 'ee-mbv2': s1, s2"),
+    (["--pin", "depth=2"], "pin: 'depth' is not a knob of space 'ee-mbv2'"),
+    (["--pin", "backbone_bits=16"], "knob 'backbone_bits' = 16 is not one of: 32, 8, 4"),
+    (["--preset", "eenn", "--device", "table:x.csv:lat"], "models latency only; objectives"),
+])
+def test_bad_settings_are_one_line(tmp_path, args, message):
+    (tmp_path / "x.csv").write_text("arch,lat\n")
+    result = search(*args, *TINY, "--run-dir", str(tmp_path / "run"))
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_preset_search_records_exit_metrics_and_a_pinned_static_baseline(tmp_path):
+    result = search("--preset", "eenn", *TINY, "--run-dir", str(tmp_path / "eenn"), "--json")
+    assert result.exit_code == 0, result.output
+    for r in rows(tmp_path / "eenn"):
+        overhead, efficiency = float(r["exit_overhead"]), float(r["dynamic_efficiency"])
+        assert overhead >= 0 and efficiency < 1
+        if float(r["exit_rate_final"]) == 1.0:      # no input leaves early: heads are pure overhead
+            assert (overhead > 0) == any(json.loads(r["arch"])[f"exit_s{i}"] for i in (1, 2))
+    result = search("--preset", "eenn", *TINY, "--pin", STATIC_INT8, "--run-dir", str(tmp_path / "static"))
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load((tmp_path / "static" / "config.yaml").read_text())["pin"]["backbone_bits"] == 8
+    for r in rows(tmp_path / "static"):
+        arch = json.loads(r["arch"])
+        assert arch["backbone_bits"] == 8 and arch["exit_s1"] == arch["exit_s2"] == 0
+        assert float(r["exit_overhead"]) == 0 and float(r["dynamic_efficiency"]) == pytest.approx(0, abs=1e-9)
+        assert float(r["exit_rate_final"]) == 1.0
