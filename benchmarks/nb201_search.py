@@ -16,8 +16,13 @@ exactly 10.0) are left out of the true front, but stay queryable: a strategy tha
 proposes one pays a query and gets the table's values, which lie beyond the
 reference point and add nothing to the score.
 
-    python benchmarks/nb201_search.py [--data DIR] [--strategies nsga2,random]
-        [--devices eyeriss,fpga,pixel3,raspi4] [--budgets 100,300] [--seeds 10] [--jobs 2]
+    python benchmarks/nb201_search.py [--data DIR] [--strategies nsga2,random,tpe+ridge]
+        [--devices eyeriss,fpga,pixel3,raspi4] [--budgets 100,300] [--seeds 10] [--screen 5] [--jobs 2]
+
+`NAME+KIND` runs strategy NAME with surrogate-assisted screening (`nasctl search
+--surrogate KIND --screen N`): a predictor of model KIND, refit on every query so far,
+picks one in N of the strategy's proposals for a query; the strategy is told the
+predicted values of the others.
 
 DIR holds `nb201_acc.csv` and `hwnasbench_nb201.csv` (default: $NASCTL_NB201_DIR, else
 ../shared/benchmarks/nb201 next to this checkout).
@@ -35,7 +40,9 @@ import numpy as np
 
 from nasctl.spaces.base import arch_key
 from nasctl.spaces.loader import load_space
+from nasctl.predictors import PREDICTORS
 from nasctl.strategies import STRATEGIES
+from nasctl.surrogate import Surrogate, choose, n_real
 
 DEVICES = ("eyeriss", "fpga", "pixel3", "raspi4")
 DEFAULT_DATA = Path(os.environ.get("NASCTL_NB201_DIR")
@@ -75,37 +82,61 @@ class Table:
         return float(HV(ref_point=np.full(2, 1.01))((F - self.lo) / (self.hi - self.lo)))
 
 
-def search(table: Table, strategy_name: str, budget: int, seed: int) -> np.ndarray:
-    """Objective values of the distinct architectures the strategy queried, in order."""
-    strategy = STRATEGIES.get(strategy_name)()
-    strategy.setup(table.space, 2, 0, seed=seed, budget=budget)
+def search(table: Table, strategy_name: str, budget: int, seed: int, screen: int = 5) -> np.ndarray:
+    """Objective values of the distinct architectures the strategy queried, in order.
+    `NAME+KIND` screens the strategy's proposals with a surrogate of predictor model KIND
+    as `nasctl search --surrogate KIND --screen SCREEN` does; latencies, which the engine
+    computes exactly on a device, come from the table."""
+    name, _, kind = strategy_name.partition("+")
+    strategy = STRATEGIES.get(name)()
+    strategy.setup(table.space, 2, 0, seed=seed, budget=budget * (screen if kind else 1))
+    surrogate = Surrogate(kind, table.space, seed=seed) if kind else None
     seen: dict[str, np.ndarray] = {}
     stalled = 0
     while len(seen) < budget and stalled < STALLED_ROUNDS:
-        archs = strategy.ask(budget - len(seen))
+        n = surrogate.ask_size(len(seen), budget - len(seen), screen) if surrogate else budget - len(seen)
+        archs = strategy.ask(n)
         if not archs:
             break
+        new = list({arch_key(a): a for a in archs if arch_key(a) not in seen}.values())
+        predicted = _screen(table, surrogate, new, seen, screen) if surrogate and surrogate.ready(len(seen)) else {}
         before = len(seen)
-        for arch in archs:
+        for arch in new:
             key = arch_key(arch)
-            if key not in seen and len(seen) < budget:
+            if key not in predicted and len(seen) < budget:
                 seen[key] = table.F[table.code(arch)]
-        told = [a for a in archs if arch_key(a) in seen]
-        strategy.tell(told, np.array([seen[arch_key(a)] for a in told]).reshape(-1, 2), np.zeros((len(told), 0)))
+        known = {**predicted, **seen}
+        told = [a for a in archs if arch_key(a) in known]
+        strategy.tell(told, np.array([known[arch_key(a)] for a in told]).reshape(-1, 2), np.zeros((len(told), 0)))
         stalled = stalled + 1 if len(seen) == before else 0
     return np.array(list(seen.values()))
+
+
+def _row(f: np.ndarray) -> dict:
+    """A table row as the engine's trials hold it."""
+    return {"accuracy": -f[0], "latency_ms": f[1]}
+
+
+def _screen(table: Table, surrogate: Surrogate, new: list[dict], seen: dict, screen: int) -> dict:
+    """Refit the surrogate on the queried architectures; the predicted objective values of
+    the candidates it does not pick for a query."""
+    surrogate.refit([{"arch": k, **_row(f)} for k, f in seen.items()])
+    F = np.array([[-acc, table.F[table.code(a)][1]] for a, (acc, _) in zip(new, surrogate.predict(new))])
+    pick = set(choose([_row(f) for f in F], [_row(f) for f in seen.values()], ["accuracy", "latency_ms"],
+                      [0.0] * len(new), n_real(len(new), screen)))
+    return {arch_key(a): f for i, (a, f) in enumerate(zip(new, F)) if i not in pick}
 
 
 _TABLES: dict[tuple[Path, str], Table] = {}
 
 
-def score(data: Path, device: str, strategy_name: str, budget: int, seed: int) -> tuple[float, float, int]:
+def score(data: Path, device: str, strategy_name: str, budget: int, seed: int, screen: int) -> tuple[float, float, int]:
     """(hypervolume fraction, seconds, queries) of one run."""
     if (data, device) not in _TABLES:
         _TABLES[data, device] = Table(data, device)
     table = _TABLES[data, device]
     t = time.perf_counter()
-    F = search(table, strategy_name, budget, seed)
+    F = search(table, strategy_name, budget, seed, screen)
     return table.hypervolume(F) / table.front_hv, time.perf_counter() - t, len(F)
 
 
@@ -114,10 +145,12 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA,
                     help="folder holding nb201_acc.csv and hwnasbench_nb201.csv")
     ap.add_argument("--strategies", default=",".join(n for n in STRATEGIES.names() if n not in SLOW),
-                    help=f"comma-separated strategy names (default: all but {', '.join(SLOW)})")
+                    help=f"comma-separated strategy names, NAME+KIND for NAME screened by a surrogate of "
+                         f"predictor model KIND (default: every strategy but {', '.join(SLOW)})")
     ap.add_argument("--devices", default=",".join(DEVICES), help="comma-separated HW-NAS-Bench devices")
     ap.add_argument("--budgets", default="100,300", help="comma-separated numbers of table queries")
     ap.add_argument("--seeds", type=int, default=10, help="runs per setting, seeds 0..SEEDS-1")
+    ap.add_argument("--screen", type=int, default=5, help="with NAME+KIND: proposals per table query")
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     args = ap.parse_args()
     for name in ("nb201_acc.csv", "hwnasbench_nb201.csv"):
@@ -125,7 +158,10 @@ def main() -> None:
             raise SystemExit(f"error: {args.data / name} not found; pass --data DIR or set NASCTL_NB201_DIR")
     strategies = args.strategies.split(",")
     for name in strategies:
-        STRATEGIES.get(name)  # an unknown name fails here, naming the allowed ones
+        strategy, _, kind = name.partition("+")
+        STRATEGIES.get(strategy)  # an unknown name fails here, naming the allowed ones
+        if kind:
+            PREDICTORS.get(kind)
     devices = args.devices.split(",")
     bad = [d for d in devices if d not in DEVICES]
     if bad:
@@ -138,7 +174,8 @@ def main() -> None:
     for device in devices:
         table = Table(args.data, device)
         print(f"  {device}: true front {table.front_size} points")
-    tasks = [(args.data, d, s, b, seed) for s in strategies for d in devices for b in budgets for seed in seeds]
+    tasks = [(args.data, d, s, b, seed, args.screen)
+             for s in strategies for d in devices for b in budgets for seed in seeds]
     with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else _Serial() as pool:
         results = dict(zip(tasks, pool.map(score, *zip(*tasks))))
 
@@ -149,7 +186,7 @@ def main() -> None:
     for s in strategies:
         cells, secs = [], []
         for d, b in cols:
-            runs = [results[args.data, d, s, b, seed] for seed in seeds]
+            runs = [results[args.data, d, s, b, seed, args.screen] for seed in seeds]
             hv = np.array([r[0] for r in runs])
             means[s, d, b] = hv.mean()
             secs += [r[1] for r in runs]
