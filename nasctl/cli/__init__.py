@@ -13,7 +13,7 @@ from typer.core import TyperGroup
 
 from .. import __version__, workspace
 from ..errors import NasctlError
-from . import hw, hw_lut, predict, runs, search, space  # noqa: F401 - hw_lut adds `hw lut`
+from . import hw, hw_lut, predict, report, runs, search, space  # noqa: F401 - hw_lut adds `hw lut`
 
 
 class NasctlGroup(TyperGroup):
@@ -68,6 +68,7 @@ def _root(
 
 app.command("search")(search.search)
 app.command("predict")(predict.predict)
+app.command("report")(report.report)
 app.add_typer(space.app, name="space")
 app.add_typer(hw.app, name="hw")
 app.add_typer(runs.app, name="runs")
