@@ -111,9 +111,11 @@ def default(space: SearchSpace) -> str:
     return "path" if cell_graph(space) is not None else "onehot"
 
 
-def check(space: SearchSpace, kind: str, accepted: Sequence[str]) -> None:
-    """Raise a one-line error unless `space` offers encoding `kind` and the model accepts it."""
+def check(space: SearchSpace, kind: str, accepted: Sequence[str], model: str) -> None:
+    """Raise a one-line error unless `space` offers encoding `kind` and `model` accepts it."""
     offered = [k for k in allowed(space) if k in accepted]
+    if not offered:
+        raise UsageError(f"model '{model}' works on cell spaces (kind nb201) only; space '{space.name}' is not one")
     if kind not in offered:
         raise UsageError(f"encoding '{kind}' is not available for this model on space '{space.name}'; "
                          f"allowed: {', '.join(offered)}")

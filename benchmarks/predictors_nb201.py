@@ -1,0 +1,79 @@
+"""How well each accuracy predictor ranks NAS-Bench-201 architectures it has not seen.
+
+For each number N of training architectures (default 50, 100, 200, 1000) and each of
+10 random splits (seeds 0-9): draw N of the 15,284 non-degenerate NB201 cells, train
+every predictor model (its default encoding: the path encoding for vector models, the
+cell graph for `gcn`) on their CIFAR-10 test accuracy, predict every other
+non-degenerate cell, and print Kendall tau and Spearman over those held-out
+architectures, mean ± std over the splits, with the mean training time.
+
+    python benchmarks/predictors_nb201.py [--data DIR] [--sizes 50,100,200,1000] [--splits 10] \
+        [--models ridge,gbt,gp,mlp,gcn] [--column cifar10_test]
+
+DIR holds NAS-Bench-201's `nb201_acc.csv` (default: $NASCTL_NB201_DIR, else
+../shared/benchmarks/nb201 next to this checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from nasctl.predictors import PREDICTORS, make_predictor
+from nasctl.predictors.metrics import kendall_tau, spearman
+from nasctl.spaces.loader import load_space
+
+DEFAULT_DATA = Path(os.environ.get("NASCTL_NB201_DIR")
+                    or Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "nb201")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder holding nb201_acc.csv")
+    ap.add_argument("--sizes", default="50,100,200,1000", help="numbers of training architectures")
+    ap.add_argument("--splits", type=int, default=10, help="random splits (seeds 0..splits-1) per size")
+    ap.add_argument("--models", default=",".join(PREDICTORS.names()), help="predictor models to compare")
+    ap.add_argument("--column", default="cifar10_test", help="accuracy column of nb201_acc.csv")
+    args = ap.parse_args()
+    table = args.data / "nb201_acc.csv"
+    if not table.is_file():
+        raise SystemExit(f"error: {table} not found; pass --data DIR or set NASCTL_NB201_DIR")
+    import pandas as pd
+
+    space = load_space("nb201")
+    df = pd.read_csv(table)
+    archs = [space.parse_arch(s) for s in df["arch_str"]]
+    keep = [i for i, a in enumerate(archs) if not space.is_degenerate(a)]
+    archs, y = [archs[i] for i in keep], df[args.column].to_numpy(dtype=float)[keep]
+    models = args.models.split(",")
+    print(f"NB201 {args.column}: {len(archs)} non-degenerate architectures; {args.splits} splits per size; "
+          "metrics over all held-out architectures, mean ± std over splits")
+    print(f"{'model':6} {'train':>5}  {'Kendall tau':>13}  {'Spearman':>13}  {'fit s':>6}")
+    best: dict[int, tuple[float, str]] = {}
+    for n in (int(v) for v in args.sizes.split(",")):
+        for model in models:
+            taus, rhos, secs = [], [], []
+            for seed in range(args.splits):
+                order = np.random.default_rng(seed).permutation(len(archs))
+                train, test = order[:n], order[n:]
+                t0 = time.perf_counter()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # optimiser convergence notes
+                    predictor = make_predictor(model, space, seed=seed).fit([archs[i] for i in train], y[train])
+                secs.append(time.perf_counter() - t0)
+                mean, _ = predictor.predict([archs[i] for i in test])
+                taus.append(kendall_tau(y[test], mean))
+                rhos.append(spearman(y[test], mean))
+            print(f"{model:6} {n:5d}  {np.mean(taus):6.3f} ± {np.std(taus):.3f}  "
+                  f"{np.mean(rhos):6.3f} ± {np.std(rhos):.3f}  {np.mean(secs):6.1f}", flush=True)
+            best[n] = max(best.get(n, (-1.0, "")), (float(np.mean(rhos)), model))
+    print("best Spearman per size: " + ", ".join(f"{n}: {rho:.3f} ({m})" for n, (rho, m) in best.items()))
+
+
+if __name__ == "__main__":
+    main()

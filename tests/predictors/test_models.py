@@ -1,0 +1,55 @@
+"""Every model kind: learns a smooth target, gives a spread where it has one, and
+predicts identically after save and load (small settings keep these fast)."""
+
+import numpy as np
+import pytest
+
+from nasctl.errors import UsageError
+from nasctl.predictors import PREDICTORS, load_predictor, make_predictor
+from nasctl.predictors.metrics import spearman
+from nasctl.spaces.loader import load_space
+
+SMALL = {"gbt": {"trees": 60, "encoding": "onehot"}, "gp": {"restarts": 0, "encoding": "onehot"},
+         "ridge": {"encoding": "onehot"}, "mlp": {"members": 2, "epochs": 30, "hidden": 32, "encoding": "onehot"},
+         "gcn": {"members": 2, "epochs": 100, "hidden": 32}}
+SPREAD = {"gp", "mlp", "gcn"}
+
+
+def test_every_registered_model_is_covered():
+    assert sorted(SMALL) == PREDICTORS.names()
+
+
+@pytest.mark.parametrize("kind", sorted(SMALL))
+def test_model_learns_saves_and_loads(kind, nb201, tmp_path, toy_data):
+    archs, y = toy_data(nb201, 120, seed=1)
+    p = make_predictor(kind, nb201, seed=0, **SMALL[kind]).fit(archs[:90], y[:90])
+    mean, std = p.predict(archs[90:])
+    assert mean.shape == (30,) and (std is not None) == (kind in SPREAD)
+    if std is not None:
+        assert std.shape == (30,) and (std >= 0).all()
+    assert spearman(y[90:], mean) > 0.5
+    p.save(tmp_path / kind, {"target": ["y"]})
+    q = load_predictor(tmp_path / kind)
+    mean2, std2 = q.predict(archs[90:])
+    assert np.array_equal(mean, mean2) and (std is None or np.array_equal(std, std2))
+
+
+@pytest.mark.parametrize("kind", ["gbt", "mlp"])
+def test_model_is_seeded(kind, nb201, toy_data):
+    archs, y = toy_data(nb201, 40)
+    a = make_predictor(kind, nb201, seed=4, **SMALL[kind]).fit(archs, y).predict(archs)[0]
+    b = make_predictor(kind, nb201, seed=4, **SMALL[kind]).fit(archs, y).predict(archs)[0]
+    assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["gbt", "mlp"])
+def test_multi_target(kind, toy_data):
+    space = load_space("ee-mbv2")
+    archs, Y = toy_data(space, 60, targets=2)
+    mean, _ = make_predictor(kind, space, **SMALL[kind]).fit(archs, Y).predict(archs[:7])
+    assert mean.shape == (7, 2)
+
+
+def test_gcn_needs_a_cell_space():
+    with pytest.raises(UsageError, match="model 'gcn' works on cell spaces"):
+        make_predictor("gcn", load_space("ee-mbv2"))
