@@ -52,8 +52,8 @@ def search(
     exit_policy: Annotated[Optional[str], typer.Option(
         help=f"Early-exit confidence: max-softmax or entropy. {_d('exit_policy')}")] = None,
     exit_tolerance: Annotated[Optional[float], typer.Option(
-        help="Accuracy points the early exits may cost on validation data (thresholds calibrated to it). "
-             f"{_d('exit_tolerance')}")] = None,
+        help="Accuracy points the early exits may cost on validation data (thresholds calibrated to it); "
+             f"spaces with an exit_tolerance knob search it instead. {_d('exit_tolerance')}")] = None,
     exit_rates: Annotated[Optional[str], typer.Option(
         help="Calibrate thresholds to target exit rates instead, e.g. s1=0.3,s2=0.3 (share of all inputs).")] = None,
     pin: Annotated[Optional[str], typer.Option(
