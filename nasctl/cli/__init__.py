@@ -13,7 +13,7 @@ from typer.core import TyperGroup
 
 from .. import __version__, workspace
 from ..errors import NasctlError
-from . import hw, hw_lut, predict, report, runs, search, space  # noqa: F401 - hw_lut adds `hw lut`
+from . import hw, hw_lut, predict, predictor, report, runs, search, space  # noqa: F401 - hw_lut adds `hw lut`
 
 
 class NasctlGroup(TyperGroup):
@@ -72,6 +72,7 @@ app.command("report")(report.report)
 app.add_typer(space.app, name="space")
 app.add_typer(hw.app, name="hw")
 app.add_typer(runs.app, name="runs")
+app.add_typer(predictor.app, name="predictor")
 
 
 def main() -> None:

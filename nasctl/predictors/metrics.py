@@ -36,3 +36,21 @@ def report(y, pred) -> dict:
     """Every metric of one target, as the CLI prints and cards store them."""
     return {"kendall_tau": kendall_tau(y, pred), "spearman": spearman(y, pred), "mae": mae(y, pred),
             "top10_precision": top_precision(y, pred, 0.1), "rows": int(len(y))}
+
+
+def reports(Y, pred, targets) -> dict:
+    """`report` of every target column: {target: {metric: value}}."""
+    Y, pred = np.asarray(Y).reshape(len(Y), -1), np.asarray(pred).reshape(len(pred), -1)
+    return {t: report(Y[:, i], pred[:, i]) for i, t in enumerate(targets)}
+
+
+def cross_validated(make, archs, Y, folds: int, seed: int) -> np.ndarray:
+    """Out-of-fold predictions of a `folds`-fold cross-validation (rows shuffled from
+    `seed`): each row predicted by a fresh `make()` predictor fitted on the other folds."""
+    order = np.random.default_rng(seed).permutation(len(archs))
+    pred = np.zeros(np.shape(Y))
+    for fold in np.array_split(order, folds):
+        rest = np.setdiff1d(order, fold)
+        model = make().fit([archs[i] for i in rest], Y[rest])
+        pred[fold] = model.predict([archs[i] for i in fold])[0]
+    return pred
