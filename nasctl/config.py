@@ -38,11 +38,25 @@ class SearchConfig(BaseModel):
     max_latency_ms: Optional[float] = Field(default=None, gt=0)
     max_energy_mj: Optional[float] = Field(default=None, gt=0)
     max_params: Optional[int] = Field(default=None, gt=0)
+    max_weight_kib: Optional[Union[float, str]] = None  # KiB, or "device": the device's on-chip weight memory
     storage: Optional[str] = None
     study: Optional[str] = None
     workers: int = Field(default=1, ge=1)
     surrogate: Optional[str] = None  # a predictor model kind screening the proposals
     screen: int = Field(default=5, ge=2)  # candidates proposed per real evaluation with a surrogate
+
+    @field_validator("max_weight_kib", mode="before")
+    @classmethod
+    def _weight_limit(cls, v):
+        if v is None or v == "device":
+            return v
+        try:
+            kib = float(v)
+        except (TypeError, ValueError):
+            kib = float("nan")
+        if not kib > 0:
+            raise ValueError(f"'{v}' is not allowed; give KiB > 0, or 'device' for the device's on-chip weight memory")
+        return kib
 
     @field_validator("exit_policy")
     @classmethod

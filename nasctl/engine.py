@@ -69,7 +69,7 @@ class Evaluator:
             raise UsageError(f"device '{cfg.device}' models latency only; objectives energy_mj, edp, exit_overhead "
                              "and dynamic_efficiency "
                              "need a device that models energy (e.g. --objectives accuracy,latency_ms)")
-        self.constraints = [Constraint(metric, getattr(cfg, flag)) for flag, metric in CONSTRAINT_METRICS.items()
+        self.constraints = [Constraint(metric, self._limit(flag)) for flag, metric in CONSTRAINT_METRICS.items()
                             if getattr(cfg, flag) is not None]
         self.exits = self.space.exit_names()
         unknown = sorted(set(cfg.exit_rates or ()) - set(self.exits[:-1]))
@@ -96,9 +96,20 @@ class Evaluator:
         else:
             raise UsageError(f"accuracy source '{cfg.accuracy}' is not one of: proxy, table:PATH:COLUMN")
 
+    def _limit(self, flag: str) -> float:
+        """A constraint's bound; max_weight_kib 'device' is the device's on-chip weight memory."""
+        value = getattr(self.cfg, flag)
+        if value != "device":
+            return value
+        capacity = getattr(self.device, "weight_capacity_bytes", None)
+        if capacity is None:
+            raise UsageError(f"max_weight_kib 'device': device '{self.cfg.device}' states no on-chip weight "
+                             "memory; give a number of KiB")
+        return capacity / 1024
+
     @property
     def columns(self) -> list[str]:
-        return ["trial", "arch", "accuracy", "latency_ms", "energy_mj", "edp", "params", "macs",
+        return ["trial", "arch", "accuracy", "latency_ms", "energy_mj", "edp", "params", "macs", "weight_kib",
                 *[f"exit_rate_{e}" for e in self.exits], "exit_overhead", "dynamic_efficiency", "feasible",
                 "train_s"]
 
@@ -157,6 +168,7 @@ class Evaluator:
         row = {"arch": key, "accuracy": accuracy, "latency_ms": latency, "energy_mj": energy,
                "edp": None if energy is None else latency * energy,
                "params": sum(layer.params for layer in layers), "macs": sum(layer.macs for layer in layers),
+               "weight_kib": sum(layer.weight_bytes for layer in layers) / 1024,
                **{f"exit_rate_{e}": p for e, p in exit_rates.items()}, "exit_overhead": overhead,
                "dynamic_efficiency": efficiency, "train_s": train_s}
         row["feasible"] = all(c.violation(row) <= 0 for c in self.constraints)
@@ -276,6 +288,8 @@ def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int
             if key in skipped or trials.n_claimed() >= cfg.budget:
                 continue
             trial = trials.start(arch, key)
+            if trial is None:  # another worker has it
+                continue
             try:
                 row = evaluator(arch)
             except MissingEntry as e:

@@ -11,9 +11,10 @@ from .errors import UsageError
 
 # Metric columns of trials.csv a search can optimise, and which way is better.
 METRICS = {"accuracy": "max", "latency_ms": "min", "energy_mj": "min", "edp": "min",
-           "params": "min", "macs": "min", "exit_overhead": "min", "dynamic_efficiency": "max"}
+           "params": "min", "macs": "min", "weight_kib": "min", "exit_overhead": "min", "dynamic_efficiency": "max"}
 # Constraint flags: an upper bound on a metric.
-CONSTRAINT_METRICS = {"max_latency_ms": "latency_ms", "max_energy_mj": "energy_mj", "max_params": "params"}
+CONSTRAINT_METRICS = {"max_latency_ms": "latency_ms", "max_energy_mj": "energy_mj", "max_params": "params",
+                      "max_weight_kib": "weight_kib"}
 
 
 def check_objectives(names: Sequence[str]) -> list[str]:

@@ -35,7 +35,7 @@ REFERENCE_RULE = "per objective, the worst feasible value plus 10% of the feasib
 DISPLAY = {"accuracy": ("accuracy", "%", 1.0), "latency_ms": ("latency", "µs", 1e3),
            "energy_mj": ("energy", "µJ", 1e3), "edp": ("EDP", "µJ·µs", 1e6),
            "params": ("parameters", "", 1.0), "macs": ("MACs", "", 1.0),
-           "exit_overhead": ("exit overhead", "%", 100.0), "dynamic_efficiency": ("dynamic efficiency", "%", 100.0)}
+           "weight_kib": ("weights", "KiB", 1.0), "exit_overhead": ("exit overhead", "%", 100.0), "dynamic_efficiency": ("dynamic efficiency", "%", 100.0)}
 
 
 @dataclass
@@ -80,7 +80,8 @@ def load(run: str | Path) -> Run:
     return Run(str(run), path, config, _read_trials(path / "trials.csv", objectives))
 
 
-def _value(text: str):
+def parse_cell(text: str):
+    """A CSV cell (or a flag's value) as the type it spells: None, bool, int, float or str."""
     if text == "":
         return None
     if text in ("true", "false"):
@@ -111,7 +112,7 @@ def _read_trials(path: Path, objectives: Sequence[str]) -> list[dict]:
         where = f"{path}: line {reader.line_num}"
         if len(values) != len(header):
             raise ConfigError(f"{where}: {len(values)} fields where the header has {len(header)}")
-        row = {c: (v if c == "arch" else _value(v)) for c, v in zip(header, values)}
+        row = {c: (v if c == "arch" else parse_cell(v)) for c, v in zip(header, values)}
         if not isinstance(row["trial"], int) or isinstance(row["trial"], bool):
             raise ConfigError(f"{where}: trial '{row['trial']}' is not a whole number")
         if not isinstance(row["feasible"], bool):

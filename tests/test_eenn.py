@@ -52,6 +52,9 @@ def test_a_workspace_preset_is_found(tmp_path):
     (["--pin", "depth=2"], "pin: 'depth' is not a knob of space 'ee-mbv2'"),
     (["--pin", "backbone_bits=16"], "knob 'backbone_bits' = 16 is not one of: 32, 8, 4"),
     (["--preset", "eenn", "--device", "table:x.csv:lat"], "models latency only; objectives"),
+    (["--max-weight-kib", "lots"], "max_weight_kib: Value error, 'lots' is not allowed; give KiB > 0, or 'device'"),
+    (["--max-weight-kib", "device", "--device", "h100", "--objectives", "accuracy,latency_ms"],
+     "max_weight_kib 'device': device 'h100' states no on-chip weight memory"),
 ])
 def test_bad_settings_are_one_line(tmp_path, args, message):
     (tmp_path / "x.csv").write_text("arch,lat\n")
@@ -63,6 +66,7 @@ def test_bad_settings_are_one_line(tmp_path, args, message):
 def test_preset_search_records_exit_metrics_and_a_pinned_static_baseline(tmp_path):
     result = search("--preset", "eenn", *TINY, "--run-dir", str(tmp_path / "eenn"), "--json")
     assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["constraints"] == ["weight_kib <= 4096"]  # edge-quad: 4 x 1 MiB on chip
     for r in rows(tmp_path / "eenn"):
         overhead, efficiency = float(r["exit_overhead"]), float(r["dynamic_efficiency"])
         assert overhead >= 0 and efficiency < 1

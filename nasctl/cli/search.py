@@ -37,6 +37,9 @@ def search(
     max_latency_ms: Annotated[Optional[float], typer.Option(help="Constraint: expected latency (ms) at most this.")] = None,
     max_energy_mj: Annotated[Optional[float], typer.Option(help="Constraint: expected energy (mJ) at most this.")] = None,
     max_params: Annotated[Optional[int], typer.Option(help="Constraint: parameters at most this.")] = None,
+    max_weight_kib: Annotated[Optional[str], typer.Option(
+        help="Constraint: weights (at their bit widths) in KiB at most this, or 'device' for the device's "
+             "on-chip weight memory.")] = None,
     accuracy: Annotated[Optional[str], typer.Option(
         help="Accuracy source: proxy (train each candidate) or table:PATH:COLUMN. [default: proxy]")] = None,
     storage: Annotated[Optional[str], typer.Option(
@@ -71,6 +74,7 @@ def search(
 ):
     """Search a space for the Pareto front of accuracy and device cost."""
     from ..config import read_config_file, read_settings
+    from ..runs import parse_cell
     from ..engine import run_search
     from ..store import find_run, stored_config
 
@@ -87,11 +91,12 @@ def search(
                       strategy=strategy, objectives=objectives.split(",") if objectives else None,
                       budget=budget, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
                       train_device=train_device, max_latency_ms=max_latency_ms, max_energy_mj=max_energy_mj,
-                      max_params=max_params, storage=storage, study=study, workers=workers,
+                      max_params=max_params, max_weight_kib=max_weight_kib, storage=storage, study=study,
+                      workers=workers,
                       surrogate=surrogate, screen=screen,
                       exit_policy=exit_policy, exit_tolerance=exit_tolerance,
                       exit_rates=_assignments("--exit-rates", exit_rates, float),
-                      pin=_assignments("--pin", pin, _scalar))
+                      pin=_assignments("--pin", pin, parse_cell))
     if print_config:
         import yaml
 
@@ -108,15 +113,6 @@ def search(
     out.print(f"{len(result.trials)} candidates evaluated in {result.timings['total_s']:.0f} s; "
               f"{len(result.front)} on the Pareto front.")
     out.print(f"Run folder: {result.run_dir}")
-
-
-def _scalar(text: str) -> int | float | str:
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def _assignments(flag: str, text: Optional[str], kind) -> Optional[dict]:
