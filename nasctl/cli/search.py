@@ -170,6 +170,9 @@ def _front_table(front: list[dict], objectives: list[str]) -> Table:
     cols.append(("params", lambda r, a: f"{r['params']:,}"))
     if any("backbone_bits" in a for a in archs):
         cols.append(("bits b/e", lambda r, a: f"{a.get('backbone_bits', '-')}/{a.get('exit_bits', '-')}"))
+    if len(exit_cols) > 1 and any(r.get("exit_overhead") is not None for r in front):
+        cols += [("exit overhead %", lambda r, a: f"{100 * r['exit_overhead']:.2f}"),
+                 ("dyn. eff. %", lambda r, a: f"{100 * r['dynamic_efficiency']:.1f}")]
     if len(exit_cols) > 1:
         cols.append(("exits taken", lambda r, a: " ".join(
             f"{k.removeprefix('exit_rate_')}:{r[k]:.0%}" for k in exit_cols if r[k] > 0)))
