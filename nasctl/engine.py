@@ -297,7 +297,7 @@ def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int
                 failed.add(key)
                 continue
             except BaseException:
-                trials.fail(trial, "stopped")
+                trials.stop(trial)
                 raise
             finally:
                 evaluated += 1

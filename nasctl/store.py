@@ -20,6 +20,7 @@ import yaml
 
 from . import __version__, workspace
 from .errors import UsageError
+from .spaces.base import arch_key
 
 # Columns that measure time: they differ between otherwise identical runs.
 TIMING_COLUMNS = ("train_s",)
@@ -143,6 +144,7 @@ class TrialStore:
         self._base_sampler = optuna.samplers.RandomSampler(seed=seed)
         self._distributions = {v.name: optuna.distributions.CategoricalDistribution(list(v.choices))
                                for v in space.variables()}
+        self.worker = 0  # this process's index among the study's workers (set by `register`)
 
     def register(self, config: Mapping, resume: bool) -> int:
         """Record the search's settings (first worker) and return this worker's index: 0 for
@@ -151,39 +153,54 @@ class TrialStore:
         attrs = self.study.user_attrs
         if "config" not in attrs:
             self.study.set_user_attr("config", dict(config))
-        if resume:
-            return 0
-        index = sum(1 for k in attrs if k.startswith("worker_"))
-        self.study.set_user_attr(f"worker_{index}", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        return index
+        self.worker = 0
+        if not resume:
+            self.worker = sum(1 for k in attrs if k.startswith("worker_"))
+            self.study.set_user_attr(f"worker_{self.worker}", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        return self.worker
 
     def finished_rows(self) -> list[dict]:
         trials = self.study.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.COMPLETE,))
         return [{**t.user_attrs["row"], "trial": t.number} for t in sorted(trials, key=lambda t: t.number)]
 
-    def failed_keys(self) -> set[str]:
+    def _failed(self) -> list:
+        """Trials that failed for a reason (a table lacked the architecture), as opposed to
+        trials stopped by Ctrl-C or a killed worker, which fail without one."""
         trials = self.study.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.FAIL,))
-        return {t.user_attrs["arch"] for t in trials if "arch" in t.user_attrs}
+        return [t for t in trials if "error" in t.user_attrs]
+
+    def failed_keys(self) -> set[str]:
+        return {t.user_attrs["arch"] for t in self._failed()}
 
     def n_claimed(self) -> int:
-        """Trials finished or in flight: what counts against the budget."""
+        """Trials finished, failed or in flight: what counts against the budget. A stopped
+        trial does not count: its architecture is evaluated again."""
         ts = self._optuna.trial.TrialState
-        return len(self.study.get_trials(deepcopy=False, states=(ts.COMPLETE, ts.FAIL, ts.RUNNING)))
+        return len(self.study.get_trials(deepcopy=False, states=(ts.COMPLETE, ts.RUNNING))) + len(self._failed())
 
     def fail_stale(self) -> int:
-        """Mark trials left RUNNING by a stopped search as failed (before resuming it)."""
+        """Mark trials left RUNNING by a stopped search as stopped (before resuming it)."""
         stale = self.study.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.RUNNING,))
         for t in stale:
             self.study.tell(t.number, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
         return len(stale)
 
     def start(self, arch: Mapping, key: str):
-        """Open a trial for `arch` (marked running, so other workers count it)."""
+        """Open a trial for `arch` (marked running, so other workers count it), or None
+        where another worker claimed the same architecture first: of two workers racing
+        for one candidate, the lower trial number keeps it."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", self._optuna.exceptions.ExperimentalWarning)
             self.study.sampler = self._optuna.samplers.PartialFixedSampler(dict(arch), self._base_sampler)
-        trial = self.study.ask(self._distributions)
+        trial = self.study.ask(self._distributions)  # the architecture is stored as the trial's params
+        ts = self._optuna.trial.TrialState
+        for t in self.study.get_trials(deepcopy=False, states=(ts.COMPLETE, ts.RUNNING, ts.FAIL)):
+            if t.number < trial.number and (t.state != ts.FAIL or "error" in t.user_attrs) \
+                    and len(t.params) == len(arch) and arch_key(t.params) == key:
+                self.stop(trial)
+                return None
         trial.set_user_attr("arch", key)
+        trial.set_user_attr("worker", self.worker)
         return trial
 
     def finish(self, trial, row: Mapping, values: Sequence[float], violations: Mapping[str, float]) -> int:
@@ -194,7 +211,12 @@ class TrialStore:
         return trial.number
 
     def fail(self, trial, reason: str) -> None:
+        """The trial's architecture cannot be evaluated: it counts against the budget."""
         trial.set_user_attr("error", reason)
+        self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
+
+    def stop(self, trial) -> None:
+        """The trial was interrupted: it does not count, and a resumed search retries it."""
         self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
 
 

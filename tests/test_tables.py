@@ -1,12 +1,9 @@
 """Table-backed searches (`table:PATH:COLUMN`) and surrogate-assisted search, through the
-CLI, on a small synthetic NB201 table: accuracy rises with 3x3 convs, latency with every
-conv."""
+CLI, on the synthetic NB201 table of conftest.py."""
 
 import csv
-import itertools
 import json
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -19,27 +16,6 @@ runner = CliRunner()
 def read_csv(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
-
-
-@pytest.fixture
-def table(tmp_path):
-    """Every NB201 cell with `acc` and `lat`, except that cells whose first edge is an
-    average pooling have an empty `lat` cell; returns (path, rows)."""
-    space = load_space("nb201")
-    rng = np.random.default_rng(0)
-    names = [v.name for v in space.variables()]
-    rows = []
-    for ops in itertools.product(*(v.choices for v in space.variables())):
-        text = space.format_arch(dict(zip(names, ops)))
-        acc = 80 + 2.5 * ops.count("nor_conv_3x3") + ops.count("nor_conv_1x1") + rng.normal(0, 0.3)
-        lat = 1 + 0.4 * ops.count("nor_conv_3x3") + 0.1 * ops.count("nor_conv_1x1")
-        rows.append({"arch_str": text, "acc": round(acc, 3), "lat": "" if ops[0] == "avg_pool_3x3" else lat})
-    path = tmp_path / "bench.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, ["arch_str", "acc", "lat"])
-        w.writeheader()
-        w.writerows(rows)
-    return path, rows
 
 
 def failed_trials(run):
@@ -90,18 +66,19 @@ def test_bad_table_is_one_line(table, tmp_path, spec, message):
 def test_surrogate_screens_proposals_and_logs_kendall_tau(table, tmp_path):
     path, _ = table
     run = tmp_path / "run"
-    result = table_search(path, "--budget", "30", "--strategy", "random", "--surrogate", "ridge", "--screen", "4",
+    result = table_search(path, "--budget", "60", "--strategy", "random", "--surrogate", "ridge", "--screen", "4",
                           "--seed", "1", "--run-dir", str(run))
     assert result.exit_code == 0, result.output
     # the budget counts real evaluations only (those with an empty cell fail)
-    assert len(read_csv(run / "trials.csv")) + len(failed_trials(run)) == 30
+    assert len(read_csv(run / "trials.csv")) + len(failed_trials(run)) == 60
     log = read_csv(run / "surrogate.csv")
     assert log and [int(r["refit"]) for r in log] == list(range(1, len(log) + 1))
     assert int(log[0]["trials"]) >= 10  # the first refit waits for 10 finished trials
     for r in log:
         assert int(r["evaluated"]) <= -(-int(r["proposed"]) // 4)  # one real evaluation in `screen` proposals
-    # the synthetic accuracy is nearly linear in the ops: ridge ranks it well
-    assert float(log[-1]["kendall_tau_so_far"]) > 0.5
+    # the synthetic accuracy is nearly linear in the ops: ridge ranks what it screens in
+    # (a surrogate that ranked at random would score about 0)
+    assert float(log[-1]["kendall_tau_so_far"]) > 0.4
 
 
 def test_surrogate_search_is_deterministic(table, tmp_path):

@@ -1,0 +1,5 @@
+"""`python -m nasctl`: the same as the `nasctl` command."""
+
+from .cli import main
+
+main()
