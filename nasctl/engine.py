@@ -29,7 +29,7 @@ from .objectives import CONSTRAINT_METRICS, METRICS, Constraint, minimisation_ma
 from .spaces.base import arch_key
 from .spaces.loader import load_space
 from .spaces.pinned import pin_knobs
-from .store import RunStore, TrialStore
+from .store import RunStore, TrialStore, open_storage
 from .strategies import STRATEGIES
 from .surrogate import Surrogate, batch_tau, choose, log_refit, n_real
 from .tables import ArchTable, MissingEntry, is_table
@@ -201,6 +201,8 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
         from .predictors import PREDICTORS
 
         PREDICTORS.get(cfg.surrogate)
+    if cfg.storage:
+        open_storage(cfg.storage)  # an unreachable storage fails before any folder is made
     if resume:
         store = RunStore(run_dir, evaluator.columns)
     else:

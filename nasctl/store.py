@@ -114,13 +114,21 @@ def read_run_config(run_dir: Path) -> dict:
     return {k: v for k, v in data.items() if k not in INFO_KEYS}
 
 
-def _storage(url: str):
-    if url.startswith("journal:"):
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
+def open_storage(url: str):
+    """The optuna storage behind `url` (an RDB URL, or journal:PATH), connected; a one-line
+    UsageError where it cannot be opened."""
+    import optuna
 
-        return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
-    return url
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        if url.startswith("journal:"):
+            from optuna.storages import JournalStorage
+            from optuna.storages.journal import JournalFileBackend
+
+            return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
+        return optuna.storages.get_storage(url)
+    except Exception as e:  # noqa: BLE001 - SQLAlchemy and optuna raise many kinds here
+        raise UsageError(f"cannot open storage '{url}': {str(e).splitlines()[0]}") from None
 
 
 class TrialStore:
@@ -131,12 +139,8 @@ class TrialStore:
     def __init__(self, storage: str, study_name: str, directions: Sequence[str], space, seed: int):
         import optuna
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        try:
-            self.study = optuna.create_study(storage=_storage(storage), study_name=study_name,
-                                             directions=list(directions), load_if_exists=True)
-        except Exception as e:  # noqa: BLE001 - SQLAlchemy and optuna raise many kinds here
-            raise UsageError(f"cannot open storage '{storage}': {str(e).splitlines()[0]}") from None
+        self.study = optuna.create_study(storage=open_storage(storage), study_name=study_name,
+                                         directions=list(directions), load_if_exists=True)
         if [d.name.lower() for d in self.study.directions] != list(directions):
             raise UsageError(f"study '{study_name}' in '{storage}' optimises other objectives")
         self._optuna = optuna
@@ -224,11 +228,8 @@ def stored_config(storage: str, study_name: str) -> dict | None:
     """The settings of an existing study's search (for a worker joining it), or None."""
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        study = optuna.load_study(study_name=study_name, storage=_storage(storage))
+        study = optuna.load_study(study_name=study_name, storage=open_storage(storage))
     except KeyError:
         return None
-    except Exception as e:  # noqa: BLE001 - SQLAlchemy and optuna raise many kinds here
-        raise UsageError(f"cannot open storage '{storage}': {str(e).splitlines()[0]}") from None
     return study.user_attrs.get("config")

@@ -107,11 +107,6 @@ def test_journal_storage_and_named_study(tmp_path):
     assert len(study.trials) == 2
 
 
-def test_bad_storage_is_one_line(tmp_path):
-    result = search("--budget", "1", *FAST, "--storage", "nosuchdb://x", "--run-dir", str(tmp_path / "r"))
-    assert result.exit_code == 2 and result.stderr.startswith("error: cannot open storage 'nosuchdb://x'")
-
-
 def test_two_local_workers_share_one_study(tmp_path):
     run = tmp_path / "run"
     result = search("--budget", "6", *FAST, "--workers", "2", "--run-dir", str(run))

@@ -78,3 +78,13 @@ def test_killed_search_resumes_without_losing_finished_trials(table, tmp_path):
     study = optuna.load_study(study_name="run", storage=f"sqlite:///{run / 'study.db'}")
     assert_each_trial_once(study, run, 150)  # a trial the kill interrupted does not count against the budget
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+@pytest.mark.parametrize("url", ["postgresql+psycopg2://nobody:x@127.0.0.1:1/none", "nosuchdb://x"])
+def test_unreachable_storage_is_one_line_and_makes_no_run_folder(tmp_path, url):
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["search", "--budget", "1", "--storage", url, "--run-dir", str(run)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: cannot open storage '{url}'")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not run.exists()
