@@ -164,8 +164,16 @@ FN_VOCAB = ("relu", "clip", "sigmoid", "hardsigmoid", "hardswish", "swish", "gel
             "linear", "batch", "layer", "transpose", "slice", "gather")
 FEATURES = ("log_macs", "log_padded_macs", "log_in", "log_out", "log_params", "log_in_ch", "log_out_ch",
             "log_in_pos", "log_out_pos", "log_kernel", "stride", "log_groups", "log_w_bits", "log_a_bits",
-            "out_ch_aligned", "in_ch_aligned", "tokens") + tuple(f"fn_{f}" for f in FN_VOCAB)
+            "out_ch_align", "in_ch_align", "tokens") + tuple(f"fn_{f}" for f in FN_VOCAB)
 BLOCK = 16  # channel block of vectorised CPU kernels (AVX-512 floats)
+
+
+def _align(channels: int) -> float:
+    """How well a channel count fits vector blocks: log2 of the largest power of two up to
+    BLOCK dividing it.  Runtimes take a blocked-layout kernel only for whole blocks (a
+    depthwise conv's channels, a dense conv's input channels) and fall back to slower
+    ones, slower still for odd counts."""
+    return float(np.log2(min(channels & -channels, BLOCK)))
 
 
 def _padded_macs(layer: LayerSpec) -> int:
@@ -183,7 +191,7 @@ def features(layers: Sequence[LayerSpec]) -> np.ndarray:
     return np.array([[log(l.macs), log(_padded_macs(l)), log(l.in_elems), log(l.out_elems), log(l.params),
                       log(l.in_ch), log(l.out_ch), log(l.in_hw[0] * l.in_hw[1]), log(l.out_hw[0] * l.out_hw[1]),
                       log(l.kernel[0] * l.kernel[1]), l.stride, log(l.groups), log(l.w_bits), log(l.a_bits),
-                      l.out_ch % BLOCK == 0, (l.in_ch // l.groups) % BLOCK == 0, l.in_hw[1] == 1 and l.in_hw[0] > 1,
+                      _align(l.out_ch), _align(l.in_ch // l.groups), l.in_hw[1] == 1 and l.in_hw[0] > 1,
                       *(l.fn == f for f in FN_VOCAB)] for l in layers], dtype=float).reshape(len(layers), len(FEATURES))
 
 

@@ -103,3 +103,11 @@ def test_features_tell_depthwise_and_activations_apart():
     f = features([dense, depthwise])
     assert f.shape[0] == 2 and not np.array_equal(f[0], f[1])
     assert not np.array_equal(features([conv(32, 32, 16, fn="gelu")]), features([dense]))
+
+
+def test_features_grade_channel_alignment_to_vector_blocks():
+    from nasctl.hardware.lut import FEATURES
+
+    col = FEATURES.index("out_ch_align")
+    levels = features([conv(c, c, 8, groups=c) for c in (58, 116, 24, 48, 96)])[:, col]
+    assert list(levels) == [1, 2, 3, 4, 4]  # 2, 4, 8 and whole blocks of 16
