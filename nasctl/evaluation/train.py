@@ -66,6 +66,7 @@ class EvalResult:
     exit_accuracies  accuracy of each exit's own predictions on every test input
     thresholds       confidence threshold of each early exit (NO_EXIT = takes no inputs)
     val_accuracy     accuracy of the early-exit decisions on the validation split
+    val_exit_accuracies  accuracy of each exit's own predictions on every validation input
     train_seconds    wall time of the training loop
     """
 
@@ -74,6 +75,7 @@ class EvalResult:
     exit_accuracies: list[float]
     thresholds: list[float]
     val_accuracy: float
+    val_exit_accuracies: list[float]
     train_seconds: float
 
 
@@ -191,6 +193,7 @@ def evaluate(space, arch, dataset: Dataset, settings: TrainSettings, seed: int) 
         exit_accuracies=(100.0 * test_ok.mean(axis=1)).tolist(),
         thresholds=thresholds,
         val_accuracy=100.0 * float(val_ok[val_exit, np.arange(val_ok.shape[1])].mean()),
+        val_exit_accuracies=(100.0 * val_ok.mean(axis=1)).tolist(),
         train_seconds=seconds,
     )
 
