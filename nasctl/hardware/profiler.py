@@ -315,13 +315,17 @@ class NetBuilder:
             self.shapes[name] = tuple(shape)
         return outs
 
+    # How exporters write upsampling (torch's `nn.Upsample`, TensorFlow's resize ops); the
+    # coordinate mode decides whether onnxruntime runs a Resize in its blocked layout.
+    RESIZE_MODES = {"nearest": {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+                    "linear": {"coordinate_transformation_mode": "half_pixel"}}
+
     def resize(self, x: str, mode: str, scale: int = 2) -> str:
         tag = self._tag()
         n, c, h, w = self.shapes[x]
         scales = self.const([1.0, 1.0, float(scale), float(scale)])
-        extra = {"coordinate_transformation_mode": "pytorch_half_pixel"} if mode == "linear" else {}
         return self._out(self.node("Resize", [x, "", scales], tag, "resize", (n, c, h * scale, w * scale),
-                                   mode=mode, **extra), tag)
+                                   mode=mode, **self.RESIZE_MODES[mode]), tag)
 
     def reshape(self, x: str, shape: Sequence[int], tag: Optional[str] = None) -> str:
         tag = tag or self._tag()
