@@ -13,9 +13,11 @@ kernels overestimates a whole model 1.4-5x.  So kernels are measured *in context
    (max pooling, nearest/linear resize or transposed conv, skip concatenation), and
    transformer / mixer blocks (layer norm, linear, attention matmuls, softmax, GELU) -
    over inputs of 32-224 px, 3-1024 channels, kernels 1-7 (and patch embeddings),
-   strides 1-2, dense, grouped and depthwise convs, float32 and int8 (QDQ, which
-   onnxruntime runs as QLinearConv / QGemm).  Every node of a kernel carries the
-   kernel's tag in its name and output names.
+   strides 1-2, dense, grouped and depthwise convs, float32 and int8 (conv nets quantized
+   by onnxruntime's static quantizer, QDQ, as users quantize models for onnxruntime; it
+   runs them as QLinearConv / QGemm where it can).  Resizes are written as exporters write
+   them (the coordinate mode decides whether onnxruntime runs them in its blocked layout).
+   Every node of a kernel carries the kernel's tag in its name.
 2. Each network runs with `SessionOptions.enable_profiling`; the per-node kernel times
    onnxruntime records (minimum over the profiled runs) are summed per tag - a node
    onnxruntime adds, like a layout reorder, counts for the kernel before it, and a node
@@ -168,24 +170,19 @@ def measure_models(models: Sequence, protocol: Protocol, seed: int = 0,
 # --- context networks ------------------------------------------------------------------
 
 class NetBuilder:
-    """Builds an ONNX graph kernel by kernel.  Each kernel gets a tag `k<n>:` that prefixes
-    the names of its nodes and of the tensors they write, so onnxruntime's profile (whose
-    node names derive from either) can be attributed back to kernels.  With `int8`, conv and
-    linear weights are int8 and every tensor between kernels passes through a
-    QuantizeLinear/DequantizeLinear pair, as static QDQ quantization leaves a model."""
+    """Builds a float32 ONNX graph kernel by kernel.  Each kernel gets a tag `k<n>:` that
+    prefixes the names of its nodes and of the tensors they write, so onnxruntime's profile
+    (whose node names derive from either) can be attributed back to kernels.  `quantize`
+    makes an int8 network of one."""
 
-    def __init__(self, rng: np.random.Generator, input_shape: Sequence[int], int8: bool = False):
-        from onnx import TensorProto
-
-        self.rng, self.int8 = rng, int8
+    def __init__(self, rng: np.random.Generator, input_shape: Sequence[int]):
+        self.rng = rng
         self.nodes: list = []
         self.inits: list = []
         self.shapes: dict[str, tuple[int, ...]] = {"input": tuple(input_shape)}
         self.kernels = 0
         self.macs = 0
-        self._float = TensorProto.FLOAT
         self._consts = 0
-        self._quantized: set[str] = set()  # tensors that come out of a DequantizeLinear
 
     # -- plumbing --
     def _tag(self) -> str:
@@ -210,28 +207,13 @@ class NetBuilder:
         self.shapes[name] = tuple(shape)
         return name
 
-    def _qdq(self, x: str, tag: str) -> str:
-        scale, zero = self.const(0.02), self.const(0, np.int8)
-        q = self.node("QuantizeLinear", [x, scale, zero], tag, "q", self.shapes[x])
-        y = self.node("DequantizeLinear", [q, scale, zero], tag, "dq", self.shapes[x])
-        self._quantized.add(y)
-        return y
-
-    def _out(self, y: str, tag: str) -> str:
-        return self._qdq(y, tag) if self.int8 else y
-
-    def _weight(self, shape: Sequence[int], tag: str, fan_in: int) -> str:
-        w = self.rng.standard_normal(shape) / np.sqrt(max(fan_in, 1))
-        if not self.int8:
-            return self.const(w)
-        scale, zero = self.const(float(np.abs(w).max()) / 127 or 1.0), self.const(0, np.int8)
-        q = self.const(np.clip(np.round(w / (np.abs(w).max() / 127 or 1.0)), -127, 127), np.int8)
-        return self.node("DequantizeLinear", [q, scale, zero], tag, "w", tuple(shape))
+    def _weight(self, shape: Sequence[int], fan_in: int) -> str:
+        return self.const(self.rng.standard_normal(shape) / np.sqrt(max(fan_in, 1)))
 
     def _act(self, x: str, fn: str, tag: str) -> str:
         shape = self.shapes[x]
-        if fn in ("", None) or (self.int8 and fn in ("relu", "relu6")):
-            return x  # static quantization folds a ReLU into the output's quantization range
+        if not fn:
+            return x
         if fn == "relu6":
             return self.node("Clip", [x, self.const(0.0), self.const(6.0)], tag, "act", shape)
         if fn == "swish":
@@ -245,62 +227,59 @@ class NetBuilder:
     def conv(self, x: str, cout: int, k: int = 3, stride: int = 1, groups: int = 1, act: str = "",
              pad: Optional[int] = None) -> str:
         tag = self._tag()
-        if self.int8 and x not in self._quantized:
-            x = self._qdq(x, tag)
         _, cin, h, w = self.shapes[x]
         pad = k // 2 if pad is None else pad
         oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
-        weight = self._weight((cout, cin // groups, k, k), tag, cin // groups * k * k)
+        weight = self._weight((cout, cin // groups, k, k), cin // groups * k * k)
         y = self.node("Conv", [x, weight, self.const(self.rng.standard_normal(cout) * 0.1)], tag, "conv",
                       (1, cout, oh, ow), kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=groups)
         self.macs += oh * ow * cout * (cin // groups) * k * k
-        return self._out(self._act(y, act, tag), tag)
+        return self._act(y, act, tag)
 
     def conv_transpose(self, x: str, cout: int, k: int = 2, stride: int = 2) -> str:
         tag = self._tag()
         _, cin, h, w = self.shapes[x]
-        weight = self._weight((cin, cout, k, k), tag, cin * k * k)
+        weight = self._weight((cin, cout, k, k), cin * k * k)
         shape = (1, cout, (h - 1) * stride + k, (w - 1) * stride + k)
         self.macs += h * w * cin * cout * k * k
-        return self._out(self.node("ConvTranspose", [x, weight, self.const(np.zeros(cout))], tag, "convt", shape,
-                                   kernel_shape=[k, k], strides=[stride, stride]), tag)
+        return self.node("ConvTranspose", [x, weight, self.const(np.zeros(cout))], tag, "convt", shape,
+                         kernel_shape=[k, k], strides=[stride, stride])
 
     def pool(self, x: str, kind: str, k: int = 2, stride: int = 2, pad: int = 0) -> str:
         tag = self._tag()
         n, c, h, w = self.shapes[x]
         shape = (n, c, (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1)
         op = "MaxPool" if kind == "max" else "AveragePool"
-        return self._out(self.node(op, [x], tag, "pool", shape, kernel_shape=[k, k], strides=[stride, stride],
-                                   pads=[pad] * 4), tag)
+        return self.node(op, [x], tag, "pool", shape, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
 
     def global_pool(self, x: str) -> str:
         tag = self._tag()
         n, c = self.shapes[x][:2]
-        return self._out(self.node("GlobalAveragePool", [x], tag, "gap", (n, c, 1, 1)), tag)
+        return self.node("GlobalAveragePool", [x], tag, "gap", (n, c, 1, 1))
 
     def add(self, a: str, b: str) -> str:
         tag = self._tag()
-        return self._out(self.node("Add", [a, b], tag, "add", self.shapes[a]), tag)
+        return self.node("Add", [a, b], tag, "add", self.shapes[a])
 
     def mul(self, a: str, b: str) -> str:
         tag = self._tag()
-        return self._out(self.node("Mul", [a, b], tag, "mul", self.shapes[a]), tag)
+        return self.node("Mul", [a, b], tag, "mul", self.shapes[a])
 
     def act(self, x: str, fn: str) -> str:
         tag = self._tag()
-        return self._out(self._act(x, fn, tag), tag)
+        return self._act(x, fn, tag)
 
     def batch_norm(self, x: str) -> str:
         tag = self._tag()
         c = self.shapes[x][1]
         params = [self.const(v) for v in (np.ones(c), np.zeros(c), np.zeros(c), np.ones(c))]
-        return self._out(self.node("BatchNormalization", [x, *params], tag, "bn", self.shapes[x]), tag)
+        return self.node("BatchNormalization", [x, *params], tag, "bn", self.shapes[x])
 
     def concat(self, xs: Sequence[str], axis: int = 1) -> str:
         tag = self._tag()
         shape = list(self.shapes[xs[0]])
         shape[axis] = sum(self.shapes[x][axis] for x in xs)
-        return self._out(self.node("Concat", list(xs), tag, "cat", tuple(shape), axis=axis), tag)
+        return self.node("Concat", list(xs), tag, "cat", tuple(shape), axis=axis)
 
     def split(self, x: str, parts: Sequence[int]) -> list[str]:
         from onnx import helper
@@ -324,8 +303,8 @@ class NetBuilder:
         tag = self._tag()
         n, c, h, w = self.shapes[x]
         scales = self.const([1.0, 1.0, float(scale), float(scale)])
-        return self._out(self.node("Resize", [x, "", scales], tag, "resize", (n, c, h * scale, w * scale),
-                                   mode=mode, **self.RESIZE_MODES[mode]), tag)
+        return self.node("Resize", [x, "", scales], tag, "resize", (n, c, h * scale, w * scale), mode=mode,
+                         **self.RESIZE_MODES[mode])
 
     def reshape(self, x: str, shape: Sequence[int], tag: Optional[str] = None) -> str:
         tag = tag or self._tag()
@@ -347,56 +326,53 @@ class NetBuilder:
         tag = self._tag()
         shape = self.shapes[x]
         cin = shape[-1]
-        y = self.node("MatMul", [x, self._weight((cin, cout), tag, cin)], tag, "mm", (*shape[:-1], cout))
+        y = self.node("MatMul", [x, self._weight((cin, cout), cin)], tag, "mm", (*shape[:-1], cout))
         y = self.node("Add", [y, self.const(self.rng.standard_normal(cout) * 0.1)], tag, "bias", self.shapes[y])
         self.macs += int(np.prod(shape[:-1])) * cin * cout
-        return self._out(self._act(y, act, tag), tag)
+        return self._act(y, act, tag)
 
     def classifier(self, x: str, classes: int) -> str:
         tag = self._tag()
         flat = self.node("Flatten", [x], tag, "flat", (1, int(np.prod(self.shapes[x][1:]))))
         cin = self.shapes[flat][1]
         self.macs += cin * classes
-        return self._out(self.node("Gemm", [flat, self._weight((classes, cin), tag, cin),
-                                           self.const(np.zeros(classes))], tag, "fc", (1, classes), transB=1), tag)
+        return self.node("Gemm", [flat, self._weight((classes, cin), cin), self.const(np.zeros(classes))], tag, "fc",
+                         (1, classes), transB=1)
 
     def layer_norm(self, x: str) -> str:
         tag = self._tag()
         c = self.shapes[x][-1]
-        return self._out(self.node("LayerNormalization", [x, self.const(np.ones(c)), self.const(np.zeros(c))],
-                                   tag, "ln", self.shapes[x], axis=-1), tag)
+        return self.node("LayerNormalization", [x, self.const(np.ones(c)), self.const(np.zeros(c))],
+                         tag, "ln", self.shapes[x], axis=-1)
 
     def softmax(self, x: str) -> str:
         tag = self._tag()
-        return self._out(self.node("Softmax", [x], tag, "softmax", self.shapes[x], axis=-1), tag)
+        return self.node("Softmax", [x], tag, "softmax", self.shapes[x], axis=-1)
 
     def matmul(self, a: str, b: str) -> str:
         tag = self._tag()
         sa, sb = self.shapes[a], self.shapes[b]
         self.macs += int(np.prod(sa)) * sb[-1]
-        return self._out(self.node("MatMul", [a, b], tag, "matmul", (*sa[:-1], sb[-1])), tag)
+        return self.node("MatMul", [a, b], tag, "matmul", (*sa[:-1], sb[-1]))
 
     def scale(self, x: str, value: float) -> str:
         tag = self._tag()
-        return self._out(self.node("Mul", [x, self.const(value)], tag, "scale", self.shapes[x]), tag)
+        return self.node("Mul", [x, self.const(value)], tag, "scale", self.shapes[x])
 
     def token_mean(self, x: str) -> str:
         tag = self._tag()
         n, t, c = self.shapes[x]
-        return self._out(self.node("ReduceMean", [x, self.const([1], np.int64)], tag, "mean", (n, 1, c),
-                                   keepdims=1), tag)
+        return self.node("ReduceMean", [x, self.const([1], np.int64)], tag, "mean", (n, 1, c), keepdims=1)
 
     def model(self, output: str):
         """The ONNX model, with the shape of every tensor (so kernels can be cut out of it)."""
         from onnx import TensorProto, helper
 
-        inputs = [helper.make_tensor_value_info("input", self._float, list(self.shapes["input"]))]
-        outputs = [helper.make_tensor_value_info(output, self._float, list(self.shapes[output]))]
-        quantized = {o for n in self.nodes if n.op_type == "QuantizeLinear" for o in n.output}
-        inner = [helper.make_tensor_value_info(o, TensorProto.INT8 if o in quantized else self._float,
-                                               list(self.shapes[o]))
-                 for n in self.nodes for o in n.output if o != output]
-        graph = helper.make_graph(self.nodes, "context", inputs, outputs, self.inits, value_info=inner)
+        def info(name: str):
+            return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(self.shapes[name]))
+
+        inner = [info(o) for n in self.nodes for o in n.output if o != output]
+        graph = helper.make_graph(self.nodes, "context", [info("input")], [info(output)], self.inits, value_info=inner)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="nasctl")
         model.ir_version = 10
         return model
@@ -545,15 +521,21 @@ def random_network(rng: np.random.Generator, max_macs: float = 1e8):
         return _transformer_net(rng, size, budget)
     if family == "unet":
         return _unet_net(rng, size, budget)
-    return _cnn_net(rng, size, budget, int8=family == "int8")
+    if family == "int8":
+        model, description = _cnn_net(rng, size, budget, int8=True)
+        return quantize(model, rng), f"int8 {description}"
+    return _cnn_net(rng, size, budget)
 
 
-def _cnn_net(rng, size, budget, int8):
-    b = NetBuilder(rng, (1, 3, size, size), int8=int8)
+def _cnn_net(rng, size, budget, int8: bool = False):
+    """A conv net; with `int8`, one to be quantized: its activations are those static
+    quantization folds into a kernel's output range (others would run apart, in float
+    between quantization pairs, inside one kernel's tag)."""
+    b = NetBuilder(rng, (1, 3, size, size))
     blocks = _Blocks(b, rng)
-    kinds = ("plain", "basic", "bottleneck", "mbconv", "fire", "dense", "shuffle", "mixer_conv")
+    kinds = ("plain", "basic", "bottleneck", "mbconv", "fire", "dense", "shuffle") + (() if int8 else ("mixer_conv",))
     kind = _pick(rng, kinds)
-    act = _pick(rng, CONV_ACTS[:-2])
+    act = _pick(rng, ("relu", "relu6", "") if int8 else CONV_ACTS[:-2])
     width = _width(rng, _pick(rng, (16, 24, 32, 48, 64)))
     stride = 2 if size >= 96 or rng.random() < 0.3 else 1
     x = b.conv("input", width, _pick(rng, (3, 3, 5, 7)) if kind != "mixer_conv" else 1, stride, act=act or "relu")
@@ -574,7 +556,7 @@ def _cnn_net(rng, size, budget, int8):
         y = b.global_pool(b.conv(x, _pick(rng, (10, 100, 1000)), 1, act="relu"))
     else:
         y = b.classifier(b.global_pool(x), _pick(rng, (10, 100, 1000)))
-    return b.model(y), f"{'int8 ' if int8 else ''}{kind} {size}px"
+    return b.model(y), f"{kind} {size}px"
 
 
 def _transformer_net(rng, size, budget):
@@ -616,6 +598,52 @@ def _unet_net(rng, size, budget):
         x = b.concat([x, skips[i]])
         x = b.conv(b.conv(x, width << i, 3, act="relu"), width << i, 3, act="relu")
     return b.model(b.conv(x, _pick(rng, (1, 2, 4)), 1)), f"unet-{up} {size}px"
+
+
+def quantize_int8(src: Path, dst: Path, inputs: Sequence[dict]) -> None:
+    """onnxruntime's static quantization of the ONNX model `src` into `dst`: QDQ format, int8
+    weights and activations, per tensor, calibrated on `inputs` (feeds)."""
+    import logging
+
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    feeds = iter(inputs)
+
+    class Reader(CalibrationDataReader):
+        def get_next(self):
+            return next(feeds, None)
+
+    logging.disable(logging.WARNING)  # the quantizer's advice goes to the root logger
+    try:
+        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def quantize(model, rng: np.random.Generator, samples: int = 2):
+    """The int8 network onnxruntime's static quantizer (`quantize_int8`) makes of a float
+    context network - as users quantize models for onnxruntime - calibrated on random
+    inputs.  A node the quantizer adds without a kernel's tag (the dequantization of a
+    weight or of the input) takes the tag of the kernel it feeds."""
+    import onnx
+
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    with tempfile.TemporaryDirectory(prefix="nasctl-int8-") as tmp:
+        src, dst = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
+        src.write_bytes(model.SerializeToString())
+        quantize_int8(src, dst, [{"input": rng.standard_normal(shape).astype(np.float32)} for _ in range(samples)])
+        quantized = onnx.shape_inference.infer_shapes(onnx.load(str(dst)))  # kernels are cut out by shape
+    consumers: dict[str, list] = {}
+    for n in quantized.graph.node:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n)
+    for n in reversed(quantized.graph.node):  # consumers come later in a graph: tag them first
+        if TAG.search(n.name) is None:
+            tags = [m.group(0) for c in consumers.get(n.output[0], []) if (m := TAG.search(c.name))]
+            if tags:
+                n.name = tags[0] + n.name
+    return quantized
 
 
 # --- measuring context networks --------------------------------------------------------
@@ -735,9 +763,11 @@ def measure_networks(networks: Sequence[tuple[object, str]], protocol: Protocol,
                      on_round: Optional[Callable[[], None]] = None, long_kernel_ms: float = 0.5) -> list[MeasuredNetwork]:
     """Profile and time a batch of context networks (onnx models with descriptions).
 
-    Kernels that profile longer than `long_kernel_ms` are timed again alone with the
+    Float kernels that profile longer than `long_kernel_ms` are timed again alone with the
     thread clock, for on a busy machine their profiled wall-clock times include time
-    slices other processes got (see `in_context_costs`)."""
+    slices other processes got (see `in_context_costs`).  Quantized kernels keep their
+    profiled times: cut out of their network, onnxruntime no longer fuses their
+    quantization into an integer kernel."""
     from .onnx_import import import_onnx
 
     rng = np.random.default_rng(seed)
@@ -756,7 +786,7 @@ def measure_networks(networks: Sequence[tuple[object, str]], protocol: Protocol,
     for i, m in enumerate(measured):
         for j, (layer, ms) in enumerate(zip(m.layers, m.layer_ms)):
             tag = TAG.search(layer.name)
-            if ms > long_kernel_ms and tag is not None:
+            if ms > long_kernel_ms and tag is not None and layer.w_bits == 32:
                 path = workdir / f"net{i}-{tag.group(1)}.onnx"
                 path.write_bytes(_kernel_alone(networks[i][0], tag.group(0)).SerializeToString())
                 todo.append((i, j))

@@ -558,28 +558,15 @@ def _export(model: nn.Module, shape: tuple[int, ...], path: Path) -> Path:
 def _quantize(float_path: Path, path: Path, shape: tuple[int, ...], samples: int = 8) -> Path:
     """Static int8 quantization (QDQ, per-tensor) after onnxruntime's pre-processing,
     calibrated on seeded random inputs."""
-    import logging
-
     import numpy as np
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quant_pre_process,
-                                          quantize_static)
+    from onnxruntime.quantization import quant_pre_process
 
-    class _Reader(CalibrationDataReader):
-        def __init__(self):
-            rng = np.random.default_rng(0)
-            self._batches = iter([{"input": rng.standard_normal(shape, dtype=np.float32)} for _ in range(samples)])
-
-        def get_next(self):
-            return next(self._batches, None)
+    from .profiler import quantize_int8
 
     prepared = float_path.with_name("prepared.onnx")
     quant_pre_process(float_path, prepared)
-    logging.disable(logging.WARNING)  # the quantizer's advice goes to the root logger
-    try:
-        quantize_static(str(prepared), str(path), _Reader(), quant_format=QuantFormat.QDQ,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
-    finally:
-        logging.disable(logging.NOTSET)
+    rng = np.random.default_rng(0)
+    quantize_int8(prepared, path, [{"input": rng.standard_normal(shape, dtype=np.float32)} for _ in range(samples)])
     return path
 
 

@@ -5,8 +5,8 @@ import pytest
 from nasctl.hardware.layers import LayerSpec
 from nasctl.hardware.lut import LUT_COLUMNS, LutDevice, kernel_type, layer_from_row, read_lut
 from nasctl.hardware.onnx_import import import_onnx
-from nasctl.hardware.profiler import (NetBuilder, Protocol, attribute, in_context_costs, measure_models,
-                                      measure_networks, profile_machine, random_network)
+from nasctl.hardware.profiler import (TAG, NetBuilder, Protocol, attribute, in_context_costs, measure_models,
+                                      measure_networks, profile_machine, quantize, random_network)
 
 
 def tiny(tmp_path, name, convs):
@@ -39,11 +39,15 @@ def test_context_networks_are_valid_and_fully_importable(tmp_path, seed):
     assert all(layer.name.startswith("k") for layer in result.layers)
 
 
-def test_int8_networks_carry_quantized_bit_widths(tmp_path):
-    b = NetBuilder(np.random.default_rng(0), (1, 3, 16, 16), int8=True)
+def test_int8_networks_carry_quantized_bit_widths_and_tags(tmp_path):
+    rng = np.random.default_rng(0)
+    b = NetBuilder(rng, (1, 3, 16, 16))
     y = b.conv(b.conv("input", 16, 3, act="relu"), 16, 3)
+    model = quantize(b.model(y), rng)
+    assert {n.op_type for n in model.graph.node} >= {"QuantizeLinear", "DequantizeLinear", "Conv"}
+    assert all(TAG.search(n.name) for n in model.graph.node)  # weight and input dequantization included
     path = tmp_path / "q.onnx"
-    path.write_bytes(b.model(y).SerializeToString())
+    path.write_bytes(model.SerializeToString())
     layers = import_onnx(path).layers
     assert [(layer.w_bits, layer.a_bits) for layer in layers] == [(8, 8), (8, 8)]
     assert kernel_type(layers[0]) == "conv_w8a8"
