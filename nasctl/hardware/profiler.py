@@ -378,8 +378,10 @@ class NetBuilder:
         return model
 
 
-WIDTHS = (8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 120, 128, 144, 160, 176, 192, 200, 232, 240, 256,
-          288, 320, 384, 464, 480, 512, 576, 640, 672, 768, 960, 1024)
+# Channel counts real models use: multiples of 8 from width multipliers, and ShuffleNetV2's
+# 116 / 244 / 488, whose halves (58, 122) are not multiples of 4.
+WIDTHS = (8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 116, 120, 128, 144, 160, 176, 192, 200, 232, 240, 244,
+          256, 288, 320, 384, 464, 480, 488, 512, 576, 640, 672, 768, 960, 1024)
 SIZES = (32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224)
 CONV_ACTS = ("relu", "relu", "relu6", "hardswish", "swish", "", "gelu", "sigmoid")
 
@@ -541,12 +543,12 @@ def _cnn_net(rng, size, budget, int8: bool = False):
     x = b.conv("input", width, _pick(rng, (3, 3, 5, 7)) if kind != "mixer_conv" else 1, stride, act=act or "relu")
     if size >= 112 and rng.random() < 0.5:
         x = b.pool(x, "max", 3, 2, 1)
-    while b.macs < budget and b.shapes[x][2] >= 4 and b.kernels < 120:
+    while b.macs < budget and b.shapes[x][2] >= 2 and b.kernels < 120:  # down to 2x2, as CIFAR-sized nets go
         if rng.random() < 0.3:
             kind = _pick(rng, kinds)
         cout = _width(rng, width * _pick(rng, (1.0, 1.5, 2.0)))
         for i in range(int(rng.integers(1, 4))):
-            x = getattr(blocks, kind)(x, cout, 2 if i == 0 and b.shapes[x][2] >= 8 else 1, act)
+            x = getattr(blocks, kind)(x, cout, 2 if i == 0 and b.shapes[x][2] >= 4 else 1, act)
             if b.macs >= budget:
                 break
         width = blocks.ch(x)
