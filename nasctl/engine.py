@@ -31,11 +31,13 @@ from .spaces.loader import load_space
 from .spaces.pinned import pin_knobs
 from .store import RunStore, TrialStore, open_storage
 from .strategies import STRATEGIES
-from .surrogate import Surrogate, batch_tau, choose, log_refit, n_real
+from .surrogate import Outcomes, Surrogate, batch_tau, choose, log_refit, n_real
 from .tables import ArchTable, MissingEntry, is_table
 
 # How many rounds in a row a strategy may propose only candidates already evaluated.
 _MAX_STALLED_ROUNDS = 50
+# `--accuracy predictor:NAME`: accuracy (and exit rates) from a saved predictor.
+PREDICTOR_PREFIX = "predictor:"
 # Objective values told to a strategy for a candidate that could not be evaluated.
 _FAILED_PENALTY = 1e12
 
@@ -76,7 +78,7 @@ class Evaluator:
         if unknown:
             raise UsageError(f"exit_rates: unknown exit(s) {', '.join(unknown)}; early exits of space "
                              f"'{self.space.name}': {', '.join(self.exits[:-1]) or 'none'}")
-        self.dataset = self.acc_table = None
+        self.dataset = self.acc_table = self.acc_model = None
         if cfg.accuracy == "proxy":
             from .evaluation.datasets import load_dataset
             from .evaluation.train import TrainSettings, resolve_train_device
@@ -92,9 +94,23 @@ class Evaluator:
             self.input_shape, self.classes = self.dataset.input_shape, self.dataset.classes
         elif is_table(cfg.accuracy):
             self.acc_table = ArchTable(cfg.accuracy, self.space)
-            self.input_shape, self.classes = self.space.default_input()
+            self.input_shape, self.classes = self._input()
+        elif cfg.accuracy.startswith(PREDICTOR_PREFIX):
+            self.acc_model = Outcomes.saved(cfg.accuracy.removeprefix(PREDICTOR_PREFIX), self.space)
+            self.input_shape, self.classes = self._input()
         else:
-            raise UsageError(f"accuracy source '{cfg.accuracy}' is not one of: proxy, table:PATH:COLUMN")
+            raise UsageError(f"accuracy source '{cfg.accuracy}' is not one of: proxy, table:PATH:COLUMN, "
+                             f"{PREDICTOR_PREFIX}NAME")
+
+    def _input(self) -> tuple[tuple[int, int, int], int]:
+        """Input shape and classes without training: the space's own, or else the dataset's."""
+        try:
+            return self.space.default_input()
+        except UsageError:
+            from .evaluation.datasets import load_dataset
+
+            data = load_dataset(self.cfg.dataset, self.cfg.seed)
+            return data.input_shape, data.classes
 
     def _limit(self, flag: str) -> float:
         """A constraint's bound; max_weight_kib 'device' is the device's on-chip weight memory."""
@@ -136,6 +152,8 @@ class Evaluator:
         inputs leaving at each of its active exits, final classifier last."""
         if self.acc_table is not None:
             return self.acc_table.lookup(arch_key(arch)), [0.0] * (len(self.space.active_exits(arch)) - 1) + [1.0]
+        if self.acc_model is not None:
+            return self.acc_model([arch])[0]
         from .evaluation.train import evaluate
 
         seed = candidate_seed(self.cfg.seed, arch_key(arch))

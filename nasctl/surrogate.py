@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .errors import UsageError
 from .objectives import minimisation_matrix
 from .spaces.base import Arch, SearchSpace
 from .store import append_csv, cell
@@ -30,16 +31,56 @@ REAL_PER_REFIT = 5
 LOG_COLUMNS = ("worker", "refit", "trials", "proposed", "evaluated", "kendall_tau", "kendall_tau_so_far", "fit_s")
 
 
-class Surrogate:
-    """Predicts an architecture's accuracy and exit rates from the trials so far.
+def outcome_targets(space: SearchSpace) -> list[str]:
+    """The trials.csv columns training decides: accuracy, and each early exit's rate."""
+    return ["accuracy", *(f"exit_rate_{e}" for e in space.exit_names()[:-1])]
 
-    One predictor of `kind` (any of `nasctl predictor models`) per target: accuracy, and
-    the rate of each early exit the space has (the final classifier takes the rest)."""
+
+class Outcomes:
+    """What training would tell about architectures - accuracy, and the share of inputs
+    leaving at each active exit (final classifier last) - from a predictor of `targets`
+    (trials.csv column names; a predictor of one target predicts accuracy, whatever its
+    column was called).  An exit whose rate it does not predict is never taken (its
+    inputs go on to the next exit)."""
+
+    def __init__(self, space: SearchSpace, predictor, targets: Sequence[str]):
+        if len(targets) == 1:
+            targets = ["accuracy"]
+        if "accuracy" not in targets:
+            raise UsageError(f"the predictor predicts {', '.join(targets)}; an accuracy source needs one that "
+                             "predicts 'accuracy' (train it with --target accuracy,...)")
+        self.space, self.predictor, self.targets = space, predictor, list(targets)
+
+    @classmethod
+    def saved(cls, name: str, space: SearchSpace) -> "Outcomes":
+        """From a predictor saved by `nasctl predictor train` (its card names the targets)."""
+        from .predictors import load_predictor
+        from .predictors.store import find, read_card
+
+        predictor = load_predictor(name, space=space)
+        return cls(space, predictor, read_card(find(name)).get("target") or ["accuracy"])
+
+    def __call__(self, archs: Sequence[Arch]) -> list[tuple[float, list[float]]]:
+        mean = np.asarray(self.predictor.predict(archs)[0], dtype=float).reshape(len(archs), -1)
+        column = dict(zip(self.targets, mean.T))
+        out = []
+        for i, arch in enumerate(archs):
+            early = [min(max(float(column[f"exit_rate_{e}"][i]), 0.0), 1.0) if f"exit_rate_{e}" in column else 0.0
+                     for e in self.space.active_exits(arch)[:-1]]
+            if sum(early) > 1.0:
+                early = [p / sum(early) for p in early]
+            out.append((float(column["accuracy"][i]), [*early, 1.0 - sum(early)]))
+        return out
+
+
+class Surrogate:
+    """Predicts an architecture's accuracy and exit rates from the trials so far, with a
+    predictor of model `kind` (any of `nasctl predictor models`) fitted to all of them."""
 
     def __init__(self, kind: str, space: SearchSpace, seed: int, warmup: int = 10):
         self.kind, self.space, self.seed, self.warmup = kind, space, seed, warmup
-        self.targets = ["accuracy", *(f"exit_rate_{e}" for e in space.exit_names()[:-1])]
-        self.models: dict = {}
+        self.targets = outcome_targets(space)
+        self.predict: Outcomes | None = None
         self.refits = 0
 
     def ready(self, n_trials: int) -> bool:
@@ -54,24 +95,15 @@ class Surrogate:
         return screen * min(remaining, REAL_PER_REFIT)
 
     def refit(self, rows: Sequence[dict]) -> None:
-        """Fit every target on these finished trials (`arch` as a dict, target columns)."""
+        """Fit the targets on these finished trials (`arch` key, target columns); then
+        `predict(archs)` gives each one's accuracy and exit rates."""
         from .predictors import make_predictor
 
         archs = [self.space.parse_arch(r["arch"]) for r in rows]
-        self.models = {t: make_predictor(self.kind, self.space, seed=self.seed + self.refits).fit(
-            archs, np.array([float(r[t]) for r in rows])) for t in self.targets}
+        Y = np.array([[float(r[t]) for t in self.targets] for r in rows])
+        predictor = make_predictor(self.kind, self.space, seed=self.seed + self.refits).fit(archs, Y)
+        self.predict = Outcomes(self.space, predictor, self.targets)
         self.refits += 1
-
-    def predict(self, archs: Sequence[Arch]) -> list[tuple[float, list[float]]]:
-        """Per architecture: predicted accuracy and exit rates over its active exits (final last)."""
-        pred = {t: m.predict(archs)[0] for t, m in self.models.items()}
-        out = []
-        for i, arch in enumerate(archs):
-            early = [min(max(float(pred[f"exit_rate_{e}"][i]), 0.0), 1.0) for e in self.space.active_exits(arch)[:-1]]
-            if sum(early) > 1.0:
-                early = [p / sum(early) for p in early]
-            out.append((float(pred["accuracy"][i]), [*early, 1.0 - sum(early)]))
-        return out
 
 
 def choose(predicted: Sequence[dict], archive: Sequence[dict], objectives: Sequence[str],

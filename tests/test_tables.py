@@ -96,3 +96,57 @@ def test_unknown_surrogate_is_one_line_before_any_run(table, tmp_path):
     assert result.exit_code == 2
     assert "unknown predictor model 'oracle'; allowed:" in result.output and "ridge" in result.output
     assert not (tmp_path / "runs").exists()
+
+
+def test_search_scores_with_a_saved_predictor(table, tmp_path, monkeypatch):
+    (tmp_path / "ws").mkdir()
+    monkeypatch.setenv("NASCTL_WORKSPACE", str(tmp_path / "ws"))
+    path, _ = table
+    trained = runner.invoke(app, ["predictor", "train", "--space", "nb201", "--data", f"table:{path}:acc",
+                                  "--model", "ridge", "--name", "synth"])
+    assert trained.exit_code == 0, trained.output
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["search", "--space", "nb201", "--accuracy", "predictor:synth", "--device",
+                                 f"table:{path}:lat", "--budget", "12", "--run-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    from nasctl.predictors import load_predictor
+
+    space = load_space("nb201")
+    trials = read_csv(run / "trials.csv")
+    predicted = load_predictor("synth", space=space).predict([json.loads(t["arch"]) for t in trials])[0]
+    assert [float(t["accuracy"]) for t in trials] == pytest.approx(predicted, rel=1e-5)
+    wrong = runner.invoke(app, ["search", "--accuracy", "predictor:synth", "--budget", "1"])
+    assert wrong.exit_code == 2 and "was trained for space 'nb201', not 'ee-mbv2'" in wrong.stderr
+
+
+def test_a_predictor_of_exit_rates_prices_early_exits_without_training(tmp_path, monkeypatch):
+    (tmp_path / "ws").mkdir()
+    monkeypatch.setenv("NASCTL_WORKSPACE", str(tmp_path / "ws"))
+    import numpy as np
+
+    from nasctl.spaces.base import arch_key
+
+    space = load_space("ee-mbv2")
+    rng = np.random.default_rng(0)
+    with open(tmp_path / "runs.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["arch", "accuracy", "exit_rate_s1", "exit_rate_s2"])
+        for _ in range(60):
+            arch = space.sample(rng)
+            s1 = 0.4 if arch["exit_s1"] else 0.0  # every early exit takes a fixed share
+            s2 = 0.3 if arch["exit_s2"] else 0.0
+            w.writerow([arch_key(arch), 90 - 5 * (arch["backbone_bits"] == 4), s1, s2])
+    trained = runner.invoke(app, ["predictor", "train", "--space", "ee-mbv2", "--data", str(tmp_path / "runs.csv"),
+                                  "--target", "accuracy,exit_rate_s1,exit_rate_s2", "--model", "ridge",
+                                  "--name", "ee"])
+    assert trained.exit_code == 0, trained.output
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["search", "--accuracy", "predictor:ee", "--budget", "10", "--run-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    for t in read_csv(run / "trials.csv"):
+        arch = json.loads(t["arch"])
+        rates = {e: float(t[f"exit_rate_{e}"]) for e in ("s1", "s2", "final")}
+        assert sum(rates.values()) == pytest.approx(1.0, abs=1e-5)  # trials.csv holds 6 digits
+        assert rates["s1"] == pytest.approx(0.4 if arch["exit_s1"] else 0.0, abs=0.1)
+        assert rates["s2"] == pytest.approx(0.3 if arch["exit_s2"] else 0.0, abs=0.1)
+        assert float(t["train_s"]) < 1  # nothing was trained

@@ -41,7 +41,9 @@ def search(
         help="Constraint: weights (at their bit widths) in KiB at most this, or 'device' for the device's "
              "on-chip weight memory.")] = None,
     accuracy: Annotated[Optional[str], typer.Option(
-        help="Accuracy source: proxy (train each candidate) or table:PATH:COLUMN. [default: proxy]")] = None,
+        help="Accuracy source: proxy (train each candidate), table:PATH:COLUMN, or predictor:NAME (a predictor "
+             "saved by `nasctl predictor train`; it also gives exit rates where it predicts exit_rate_* columns). "
+             "[default: proxy]")] = None,
     storage: Annotated[Optional[str], typer.Option(
         help="Optuna storage URL (sqlite:///, postgresql://, mysql://) or journal:PATH. "
              "[default: study.db in the run folder]")] = None,
