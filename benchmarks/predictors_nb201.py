@@ -8,10 +8,11 @@ non-degenerate cell, and print Kendall tau and Spearman over those held-out
 architectures, mean ± std over the splits, with the mean training time.
 
     python benchmarks/predictors_nb201.py [--data DIR] [--sizes 50,100,200,1000] [--splits 10] \
-        [--models ridge,gbt,gp,mlp,gcn] [--column cifar10_test]
+        [--models ridge,gbt,gp,mlp,gcn] [--column cifar10_test] [--jobs N]
 
 DIR holds NAS-Bench-201's `nb201_acc.csv` (default: $NASCTL_NB201_DIR, else
-../shared/benchmarks/nb201 next to this checkout).
+../shared/benchmarks/nb201 next to this checkout).  `--jobs N` fits N predictors at a
+time in worker processes, each with one thread.
 """
 
 from __future__ import annotations
@@ -32,6 +33,43 @@ DEFAULT_DATA = Path(os.environ.get("NASCTL_NB201_DIR")
                     or Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "nb201")
 
 
+_data: tuple | None = None  # (space, archs, y) of this process
+
+
+def load(table: Path, column: str) -> None:
+    """Read the non-degenerate architectures and their accuracy into this process."""
+    import pandas as pd
+
+    global _data
+    space = load_space("nb201")
+    df = pd.read_csv(table)
+    archs = [space.parse_arch(s) for s in df["arch_str"]]
+    keep = [i for i, a in enumerate(archs) if not space.is_degenerate(a)]
+    _data = space, [archs[i] for i in keep], df[column].to_numpy(dtype=float)[keep]
+
+
+def one(task: tuple[int, str, int]) -> tuple[float, float, float]:
+    """Kendall tau and Spearman on the held-out architectures, and the fit's seconds."""
+    n, model, seed = task
+    space, archs, y = _data
+    order = np.random.default_rng(seed).permutation(len(archs))
+    train, test = order[:n], order[n:]
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # optimiser convergence notes
+        predictor = make_predictor(model, space, seed=seed).fit([archs[i] for i in train], y[train])
+    secs = time.perf_counter() - t0
+    mean, _ = predictor.predict([archs[i] for i in test])
+    return kendall_tau(y[test], mean), spearman(y[test], mean), secs
+
+
+def worker(table: Path, column: str) -> None:
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+    load(table, column)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder holding nb201_acc.csv")
@@ -39,39 +77,30 @@ def main() -> None:
     ap.add_argument("--splits", type=int, default=10, help="random splits (seeds 0..splits-1) per size")
     ap.add_argument("--models", default=",".join(PREDICTORS.names()), help="predictor models to compare")
     ap.add_argument("--column", default="cifar10_test", help="accuracy column of nb201_acc.csv")
+    ap.add_argument("--jobs", type=int, default=1, help="predictors fitted at a time (worker processes)")
     args = ap.parse_args()
     table = args.data / "nb201_acc.csv"
     if not table.is_file():
         raise SystemExit(f"error: {table} not found; pass --data DIR or set NASCTL_NB201_DIR")
-    import pandas as pd
-
-    space = load_space("nb201")
-    df = pd.read_csv(table)
-    archs = [space.parse_arch(s) for s in df["arch_str"]]
-    keep = [i for i, a in enumerate(archs) if not space.is_degenerate(a)]
-    archs, y = [archs[i] for i in keep], df[args.column].to_numpy(dtype=float)[keep]
-    models = args.models.split(",")
-    print(f"NB201 {args.column}: {len(archs)} non-degenerate architectures; {args.splits} splits per size; "
+    load(table, args.column)
+    groups = [(int(n), model) for n in args.sizes.split(",") for model in args.models.split(",")]
+    tasks = [(n, model, seed) for n, model in groups for seed in range(args.splits)]
+    print(f"NB201 {args.column}: {len(_data[1])} non-degenerate architectures; {args.splits} splits per size; "
           "metrics over all held-out architectures, mean ± std over splits")
     print(f"{'model':6} {'train':>5}  {'Kendall tau':>13}  {'Spearman':>13}  {'fit s':>6}")
+    if args.jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(args.jobs, initializer=worker, initargs=(table, args.column))
+        results = pool.map(one, tasks)
+    else:
+        results = map(one, tasks)
     best: dict[int, tuple[float, str]] = {}
-    for n in (int(v) for v in args.sizes.split(",")):
-        for model in models:
-            taus, rhos, secs = [], [], []
-            for seed in range(args.splits):
-                order = np.random.default_rng(seed).permutation(len(archs))
-                train, test = order[:n], order[n:]
-                t0 = time.perf_counter()
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # optimiser convergence notes
-                    predictor = make_predictor(model, space, seed=seed).fit([archs[i] for i in train], y[train])
-                secs.append(time.perf_counter() - t0)
-                mean, _ = predictor.predict([archs[i] for i in test])
-                taus.append(kendall_tau(y[test], mean))
-                rhos.append(spearman(y[test], mean))
-            print(f"{model:6} {n:5d}  {np.mean(taus):6.3f} ± {np.std(taus):.3f}  "
-                  f"{np.mean(rhos):6.3f} ± {np.std(rhos):.3f}  {np.mean(secs):6.1f}", flush=True)
-            best[n] = max(best.get(n, (-1.0, "")), (float(np.mean(rhos)), model))
+    for n, model in groups:
+        taus, rhos, secs = np.array([next(results) for _ in range(args.splits)]).T
+        print(f"{model:6} {n:5d}  {np.mean(taus):6.3f} ± {np.std(taus):.3f}  "
+              f"{np.mean(rhos):6.3f} ± {np.std(rhos):.3f}  {np.mean(secs):6.1f}", flush=True)
+        best[n] = max(best.get(n, (-1.0, "")), (float(np.mean(rhos)), model))
     print("best Spearman per size: " + ", ".join(f"{n}: {rho:.3f} ({m})" for n, (rho, m) in best.items()))
 
 

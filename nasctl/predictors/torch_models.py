@@ -13,14 +13,28 @@ for, join the embedding before the regression head.  Weights are saved as a torc
 from __future__ import annotations
 
 from abc import abstractmethod
+from contextlib import contextmanager
 from typing import Sequence
 
 import numpy as np
 
 from ..spaces.base import Arch
-from ..strategies.base import one_thread
 from .base import Predictor
 from .encodings import cell_graph
+
+
+@contextmanager
+def _one_thread():
+    """Tiny tensors: one torch thread is many times faster than a pool of them, above
+    all where other work keeps the cores busy (the pool's threads wait on each other)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class _Ensemble(Predictor):
@@ -38,7 +52,6 @@ class _Ensemble(Predictor):
     def _dims(self, inputs, targets: int) -> dict:
         """The sizes `_network` needs, from the training inputs (saved with the weights)."""
 
-    @one_thread  # tiny tensors: one thread each in torch's pools is many times faster
     def _fit(self, inputs, Y: np.ndarray) -> None:
         import torch
 
@@ -48,7 +61,7 @@ class _Ensemble(Predictor):
         target = torch.as_tensor(Y, dtype=torch.float32)
         n = len(target)
         members = []
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), _one_thread():
             for k in range(p["members"]):
                 torch.manual_seed(self.seed * 1009 + k)
                 order = torch.Generator().manual_seed(self.seed * 1009 + k)
@@ -67,12 +80,11 @@ class _Ensemble(Predictor):
                 members.append(net.eval())
         self._members = torch.nn.ModuleList(members)
 
-    @one_thread
     def _predict(self, inputs):
         import torch
 
         tensors = [torch.as_tensor(a, dtype=torch.float32) for a in inputs]
-        with torch.no_grad():
+        with torch.no_grad(), _one_thread():
             out = torch.stack([net(*tensors) for net in self._members]).double().numpy()
         return out.mean(axis=0), out.std(axis=0)
 
