@@ -106,12 +106,12 @@ def _figure(width: float, height: float):
 
 
 def plot_front(run: Run, baselines: Sequence[Run], chosen: dict, path: Path) -> None:
-    ax = (fig := _figure(7.5, 5)).add_subplot()
+    ax = (fig := _figure(7.5, 5.5)).add_subplot()
     sy = DISPLAY["edp"][2]
     rows = [t for t in run.feasible if t.get("edp") is not None]
     ax.scatter([t["accuracy"] for t in rows], [t["edp"] * sy for t in rows], c="0.7", s=16, label="trials")
-    for r, colour, name in [(run, "tab:blue", label(run))] + [
-            (b, _COLOURS[i % len(_COLOURS)], f"baseline {label(b)}") for i, b in enumerate(baselines)]:
+    for r, colour, name in [(run, "tab:blue", run.id)] + [
+            (b, _COLOURS[i % len(_COLOURS)], f"baseline {b.id}") for i, b in enumerate(baselines)]:
         front = accuracy_edp_front(r.feasible)
         if front:
             ax.plot([t["accuracy"] for t in front], [t["edp"] * sy for t in front], "o-", c=colour, ms=5,
@@ -125,7 +125,7 @@ def plot_front(run: Run, baselines: Sequence[Run], chosen: dict, path: Path) -> 
     ax.set_ylabel(f"expected EDP ({DISPLAY['edp'][1]}), lower is better")
     ax.set_title("Pareto front: accuracy against expected energy-delay product", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    fig.legend(fontsize=7, loc="outside lower center", ncols=2, frameon=False)
     fig.savefig(path)
 
 
