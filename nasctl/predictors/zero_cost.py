@@ -9,6 +9,8 @@ of seeded standard-normal inputs with seeded random labels - no data set, no tra
              batch (Mellor et al., "NAS without training", 2021)
   grad_norm  Euclidean norm of the cross-entropy loss gradient over every weight
 Scores spanning orders of magnitude (synflow, grad_norm) are taken as log(1 + score).
+Scores are remembered for the life of the process, so cross-validation and repeated
+predictions of the same architectures compute each once.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import UsageError
-from ..spaces.base import Arch, SearchSpace
+from ..spaces.base import Arch, SearchSpace, arch_key
 
 PROXIES = ("synflow", "naswot", "grad_norm")
 BATCH = 32
+_memo: dict[tuple, float] = {}
 
 
 def check_proxies(names: Sequence[str]) -> None:
@@ -51,16 +54,21 @@ def scores(space: SearchSpace, archs: Sequence[Arch], proxies: Sequence[str], in
     """One row per architecture, one column per proxy."""
     import torch
 
+    from .base import space_fingerprint
+
     out = np.zeros((len(archs), len(proxies)))
+    where = (space.name, space_fingerprint(space), tuple(input_shape), classes, seed)
     with torch.random.fork_rng(devices=[]):
         for n, arch in enumerate(archs):
             for p, proxy in enumerate(proxies):
-                torch.manual_seed(seed)
-                generator = torch.Generator().manual_seed(seed)
-                x = torch.randn((BATCH, *input_shape), generator=generator)
-                labels = torch.randint(classes, (BATCH,), generator=generator)
-                model = space.build(arch, input_shape, classes)
-                out[n, p] = _PROXY[proxy](model, x, labels)
+                key = (*where, arch_key(arch), proxy)
+                if key not in _memo:
+                    torch.manual_seed(seed)
+                    generator = torch.Generator().manual_seed(seed)
+                    x = torch.randn((BATCH, *input_shape), generator=generator)
+                    labels = torch.randint(classes, (BATCH,), generator=generator)
+                    _memo[key] = _PROXY[proxy](space.build(arch, input_shape, classes), x, labels)
+                out[n, p] = _memo[key]
     return out
 
 

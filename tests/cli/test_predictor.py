@@ -132,3 +132,38 @@ def test_bad_inputs_are_one_line_errors(ws, tmp_path, space):
     one_line_error(invoke("--workspace", ws, "predictor", "predict", "acc-ridge", "--data", mbv2_data,
                           "--out", tmp_path / "o.csv"), 2, "unknown knob")
     one_line_error(invoke("--workspace", ws, "predictor", "show", "nope"), 2, "unknown predictor 'nope'")
+
+
+def test_multi_target_from_a_run_folder(ws, tmp_path):
+    space = load_space("ee-mbv2")
+    rng = np.random.default_rng(0)
+    run = tmp_path / "run"
+    run.mkdir()
+    with (run / "trials.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["trial", "arch", "accuracy", "exit_rate_s1", "exit_rate_final"])
+        for i in range(20):
+            arch = space.sample(rng)
+            rate = 0.3 * arch["exit_s1"] + 0.01 * i
+            w.writerow([i, arch_key(arch), 90 + arch["s1_depth"] + 0.1 * i, rate, 1 - rate])
+    result = invoke("--workspace", ws, "predictor", "train", "--space", "ee-mbv2", "--data", run, "--model", "ridge",
+                    "--target", "accuracy,exit_rate_s1,exit_rate_final", "--name", "ee", "--json")
+    assert result.exit_code == 0, result.output
+    assert set(json.loads(result.stdout)["metrics"]["training_fit"]) == {"accuracy", "exit_rate_s1", "exit_rate_final"}
+    out = tmp_path / "p.csv"
+    assert invoke("--workspace", ws, "predictor", "predict", "ee", "--data", run, "--out", out).exit_code == 0
+    assert list(next(csv.DictReader(out.open()))) == ["arch", "predicted_accuracy", "predicted_exit_rate_s1",
+                                                      "predicted_exit_rate_final"]
+    result = invoke("--workspace", ws, "predictor", "eval", "ee", "--data", run, "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["exit_rate_s1"]["spearman"] > 0.5
+
+
+def test_listing_predictors_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from typer.testing import CliRunner; from nasctl.cli import app; "
+            "r = CliRunner().invoke(app, ['predictor', 'models']); assert r.exit_code == 0; "
+            "r = CliRunner().invoke(app, ['predictor', 'list']); assert r.exit_code == 0; "
+            "print('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

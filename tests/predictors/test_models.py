@@ -53,3 +53,24 @@ def test_multi_target(kind, toy_data):
 def test_gcn_needs_a_cell_space():
     with pytest.raises(UsageError, match="model 'gcn' works on cell spaces"):
         make_predictor("gcn", load_space("ee-mbv2"))
+
+
+def test_a_fresh_interpreter_loads_and_predicts_identically(nb201, toy_data, tmp_path):
+    """As after re-installing the package: nothing of the saving process is left."""
+    import json
+    import subprocess
+    import sys
+
+    archs, y = toy_data(nb201, 40)
+    expected = {}
+    for kind in ("gp", "mlp"):
+        p = make_predictor(kind, nb201, **SMALL[kind]).fit(archs, y)
+        p.save(tmp_path / kind)
+        expected[kind] = [float(v) for v in p.predict(archs)[0]]
+    (tmp_path / "archs.json").write_text(json.dumps(archs))
+    code = ("import json, sys; from nasctl.predictors import load_predictor; "
+            "archs = json.load(open(sys.argv[1] + '/archs.json')); "
+            "print(json.dumps({k: [float(v) for v in load_predictor(sys.argv[1] + '/' + k).predict(archs)[0]] "
+            "for k in ('gp', 'mlp')}))")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert json.loads(result.stdout) == expected
