@@ -6,10 +6,11 @@ or (n, t); `predict(archs)` answers the same shape - the mean, and the spread (a
 standard deviation) where the model has one, else None.  Models fit each target on
 a monotone map of it (`target_map`): `rank`, the default, the normal scores of the
 training values' ranks (predictions map back by linear interpolation between the
-training values, so they stay within their range); `standard`, z-scores.  The rank map
+training values, linearly extended beyond them); `standard`, z-scores.  The rank map
 lets a model spend its capacity on the order of architectures rather than on a long
-tail of poor ones (on NB201 it lifts Spearman by 0.03 to 0.05).  Features are an encoding of the architecture (`encodings`), optionally
-followed by zero-cost proxies computed on the untrained network (`zero_cost`).
+tail of poor ones (on NB201 it lifts Spearman by 0.03 to 0.05).  Features are an
+encoding of the architecture (`encodings`), optionally followed by zero-cost proxies
+computed on the untrained network (`zero_cost`).
 
 Saved predictors are a folder: `card.yaml` (what it is, what it was trained on, how well
 it did), `model.json` (scalings and, for numpy models, every weight) and, for torch
@@ -201,13 +202,16 @@ class Predictor(ABC):
 class TargetMap:
     """Per-target monotone map between measured values and the scale models fit.
 
-    `knots` holds, per target column, the pairs (value, mapped) it interpolates: for
-    `rank`, every distinct training value and the mean normal score of its ranks; for
-    `standard`, (mean - sd, -1) and (mean + sd, 1), extended linearly."""
+    Per target column, `knots` holds the points (value, mapped) it interpolates between
+    and the slope (value per mapped unit: the training values' standard deviation) it
+    extends with beyond them: for `rank`, every distinct training value and the mean
+    normal score of its ranks; for `standard`, (mean - sd, -1) and (mean + sd, 1).
+    Beyond the training range predictions keep their order: a candidate predicted
+    better than every training architecture is predicted above the best of them."""
 
     def __init__(self, kind: str, knots: list):
         self.kind, self.knots = kind, knots
-        self._arrays = [(np.array(v, dtype=float), np.array(z, dtype=float)) for v, z in knots]
+        self._arrays = [(np.array(v, dtype=float), np.array(z, dtype=float), float(slope)) for v, z, slope in knots]
 
     @classmethod
     def fit(cls, kind: str, Y: np.ndarray) -> "TargetMap":
@@ -215,28 +219,28 @@ class TargetMap:
 
         knots = []
         for y in Y.T:
+            sd = float(y.std()) or 1.0
             if kind == "rank":
                 z = norm.ppf((rankdata(y) - 0.5) / len(y))
                 values, which = np.unique(y, return_inverse=True)
                 mapped = np.bincount(which, weights=z) / np.bincount(which)
             else:
-                sd = y.std() or 1.0
                 values, mapped = np.array([y.mean() - sd, y.mean() + sd]), np.array([-1.0, 1.0])
-            knots.append([values.tolist(), mapped.tolist()])
+            knots.append([values.tolist(), mapped.tolist(), sd])
         return cls(kind, knots)
 
     def forward(self, Y: np.ndarray) -> np.ndarray:
-        return np.column_stack([self._apply(y, v, z) for y, (v, z) in zip(Y.T, self._arrays)])
+        return np.column_stack([_piecewise(y, v, z, 1 / slope) for y, (v, z, slope) in zip(Y.T, self._arrays)])
 
     def inverse(self, Z: np.ndarray) -> np.ndarray:
-        return np.column_stack([self._apply(z, zs, v) for z, (v, zs) in zip(Z.T, self._arrays)])
+        return np.column_stack([_piecewise(z, zs, v, slope) for z, (v, zs, slope) in zip(Z.T, self._arrays)])
 
-    def _apply(self, x: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        if len(src) == 1:  # one distinct training value: every prediction is it
-            return np.full(len(x), dst[0])
-        if self.kind == "rank":
-            return np.interp(x, src, dst)
-        return dst[0] + (x - src[0]) * (dst[1] - dst[0]) / (src[1] - src[0])
+
+def _piecewise(x: np.ndarray, src: np.ndarray, dst: np.ndarray, slope: float) -> np.ndarray:
+    """Linear interpolation through the points (src, dst), extended with `slope` beyond them."""
+    inside = np.interp(x, src, dst)
+    return np.where(x < src[0], dst[0] + (x - src[0]) * slope,
+                    np.where(x > src[-1], dst[-1] + (x - src[-1]) * slope, inside))
 
 
 def _versions(with_torch: bool) -> dict:

@@ -101,3 +101,15 @@ def test_zero_cost_proxies_are_features_that_survive_save_and_load(mbv2, tmp_pat
     p = make_predictor("ridge", mbv2, zero_cost=["naswot"], input_shape=(1, 8, 8), classes=10).fit(archs[:5], y[:5])
     p.save(tmp_path / "zc")
     assert np.array_equal(load_predictor(tmp_path / "zc").predict(archs[5:])[0], p.predict(archs[5:])[0])
+
+
+def test_rank_target_map_round_trips_and_extends_beyond_the_training_range():
+    from nasctl.predictors.base import TargetMap
+
+    Y = np.array([[1.0, 5.0], [2.0, 5.0], [4.0, 7.0], [10.0, 9.0]])
+    for kind in ("rank", "standard"):
+        m = TargetMap.fit(kind, Y)
+        assert np.allclose(m.inverse(m.forward(Y)), Y)
+        z = m.forward(Y)
+        beyond = m.inverse(np.array([[z[:, 0].max() + 1, z[:, 1].max() + 1], [z[:, 0].min() - 1, z[:, 1].min() - 1]]))
+        assert (beyond[0] > Y.max(axis=0)).all() and (beyond[1] < Y.min(axis=0)).all()
