@@ -543,12 +543,12 @@ def _cnn_net(rng, size, budget, int8: bool = False):
     x = b.conv("input", width, _pick(rng, (3, 3, 5, 7)) if kind != "mixer_conv" else 1, stride, act=act or "relu")
     if size >= 112 and rng.random() < 0.5:
         x = b.pool(x, "max", 3, 2, 1)
-    while b.macs < budget and b.shapes[x][2] >= 2 and b.kernels < 120:  # down to 2x2, as CIFAR-sized nets go
+    while b.macs < budget and b.shapes[x][2] >= 4 and b.kernels < 120:
         if rng.random() < 0.3:
             kind = _pick(rng, kinds)
         cout = _width(rng, width * _pick(rng, (1.0, 1.5, 2.0)))
         for i in range(int(rng.integers(1, 4))):
-            x = getattr(blocks, kind)(x, cout, 2 if i == 0 and b.shapes[x][2] >= 4 else 1, act)
+            x = getattr(blocks, kind)(x, cout, 2 if i == 0 and b.shapes[x][2] >= 8 else 1, act)
             if b.macs >= budget:
                 break
         width = blocks.ch(x)
