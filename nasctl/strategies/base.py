@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from abc import ABC, abstractmethod
 from typing import Callable, Sequence
 
@@ -102,16 +103,24 @@ def ordered_knobs(space: SearchSpace) -> np.ndarray:
 
 
 def one_thread(method):
-    """Run a strategy method with one thread in each native thread pool (OpenMP, BLAS).
-    Strategies that compute with torch on tiny tensors (the GP sampler, the RL policy)
-    otherwise run many times slower wherever the cores are busy: the pools' threads
-    spin against each other and against other work."""
+    """Run a strategy method with one thread in each native thread pool (OpenMP, BLAS, and
+    torch's own intra-op pool where torch is loaded).  Strategies that compute with torch on
+    tiny tensors (the GP sampler, the RL policy) otherwise run many times slower wherever
+    the cores are busy: the pools' threads spin against each other and against other work."""
 
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
         from threadpoolctl import threadpool_limits
 
-        with threadpool_limits(1):
-            return method(*args, **kwargs)
+        torch = sys.modules.get("torch")
+        threads = torch.get_num_threads() if torch else None
+        if torch:
+            torch.set_num_threads(1)
+        try:
+            with threadpool_limits(1):
+                return method(*args, **kwargs)
+        finally:
+            if torch:
+                torch.set_num_threads(threads)
 
     return wrapper
