@@ -104,3 +104,16 @@ def find(folder: str, name: str, what: str) -> Path:
             return e.path
     known = ", ".join(e.name for e in entries(folder)) or "none"
     raise UsageError(f"unknown {what} '{name}'; known: {known}")
+
+
+def new_entry(folder: str, name: str, what: str) -> Path:
+    """FOLDER/NAME/ in the user's workspace or project, where a `what` the user makes (a
+    fitted device, a trained predictor) is written; a one-line UsageError where there is no
+    workspace or the name is not a plain name."""
+    root = roots()[0]
+    if root.origin == "packaged":
+        raise UsageError(f"no workspace to save the {what} into: give --workspace DIR (or set NASCTL_WORKSPACE), "
+                         "or run inside a project whose pyproject.toml has a [tool.nasctl] table")
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        raise UsageError(f"{what} name '{name}' must be a plain name (letters, digits, - and _)")
+    return root.path / folder / name

@@ -51,17 +51,6 @@ def show(name: Annotated[str, typer.Argument(help="Device name or YAML path.")],
     out.print_json(data=doc)
 
 
-def _workspace_folder(name: str) -> Path:
-    """hardware/NAME/ of the user's workspace or project, where fitted devices go."""
-    root = workspace.roots()[0]
-    if root.origin == "packaged":
-        raise UsageError("no workspace to write the device into: give --workspace DIR (or set NASCTL_WORKSPACE), "
-                         "or run inside a project whose pyproject.toml has a [tool.nasctl] table")
-    if not name or "/" in name or "\\" in name or name.startswith("."):
-        raise UsageError(f"device name '{name}' must be a plain name (letters, digits, - and _)")
-    return root.path / "hardware" / name
-
-
 class _Bar:
     """A rich progress bar on stderr (terminals only)."""
 
@@ -104,7 +93,7 @@ def profile(
     from ..hardware.fit import write_device
     from ..hardware.profiler import Protocol, profile_machine
 
-    folder = _workspace_folder(device)
+    folder = workspace.new_entry("hardware", device, "device")
     protocol = Protocol(threads=threads, rounds=5 if quick else rounds, repeats=2 if quick else 3)
     with _Bar("profiling") as bar:
         fitted = profile_machine(device, protocol, kernels=150 if quick else kernels, seed=seed, on_progress=bar.update)
@@ -153,7 +142,7 @@ def fit(
 
     if lut is None and models is None:
         raise UsageError("give --lut FILE (a per-kernel table), --models FILE (end-to-end latencies), or both")
-    folder = _workspace_folder(device)
+    folder = workspace.new_entry("hardware", device, "device")
     measured = None
     if models is not None:
         measured = read_models_csv(models, space, _parse_shape(input_shape) if input_shape else None, classes)

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from .. import workspace
 from ..errors import UsageError
 from .render import err, out, print_json
 
@@ -72,11 +73,11 @@ def train(
     from ..predictors import make_predictor
     from ..predictors.data import read
     from ..predictors.metrics import cross_validated, reports
-    from ..predictors.store import new_folder
+    from ..predictors.store import FOLDER
     from ..spaces.loader import load_space
 
     the_space = load_space(space)
-    folder = new_folder(name)
+    folder = workspace.new_entry(FOLDER, name, "predictor")
     if folder.exists() and not overwrite:
         raise UsageError(f"predictor '{name}' already exists in {folder}; pass --overwrite to replace it")
     rows = read(data, the_space, _names(target))

@@ -46,17 +46,6 @@ def find(name: str) -> Path:
     raise UsageError(f"unknown predictor '{name}'; known: {known}")
 
 
-def new_folder(name: str) -> Path:
-    """predictors/NAME/ of the user's workspace or project, where a trained predictor goes."""
-    root = workspace.roots()[0]
-    if root.origin == "packaged":
-        raise UsageError("no workspace to save the predictor into: give --workspace DIR (or set NASCTL_WORKSPACE), "
-                         "or run inside a project whose pyproject.toml has a [tool.nasctl] table")
-    if not name or "/" in name or "\\" in name or name.startswith("."):
-        raise UsageError(f"predictor name '{name}' must be a plain name (letters, digits, - and _)")
-    return root.path / FOLDER / name
-
-
 def read_card(folder: Path) -> dict:
     card = read_yaml(folder / CARD)
     fmt = card.get("format")
