@@ -60,11 +60,12 @@ cached per `LayerSpec.shape_key()`.
 from __future__ import annotations
 
 from math import ceil
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationInfo,
                       field_validator, model_validator)
 
+from ..errors import UsageError
 from .base import CostModel, LayerCost
 from .layers import MAC_OPS, OPS, LayerSpec
 
@@ -145,6 +146,11 @@ class MacArray(Strict):
     def pes(self) -> int:
         return self.k * self.c * self.ox * self.oy * self.fx * self.fy
 
+    @property
+    def label(self) -> str:
+        """The unrolled dimensions, e.g. k8-c8-ox4-oy4: a co-search knob's value."""
+        return "-".join(f"{d}{n}" for d, n in self.model_dump().items() if n > 1) or "k1"
+
 
 class EnergySpec(Strict):
     mult_pj: BitTable            # one multiply, by operand width
@@ -159,6 +165,30 @@ class EnergySpec(Strict):
 
     def mac_pj(self, bits: int) -> float:
         return self.mult_pj[bits] + self.add_pj[bits]
+
+
+class AreaSpec(Strict):
+    pe_mm2: PositiveFloat                # one PE of the MAC array
+    vector_lane_mm2: PositiveFloat       # one lane of the vector unit
+    sram_mm2_per_kib: PositiveFloat      # weight and activation SRAM
+    router_mm2: NonNegativeFloat         # one core's on-chip network router (chips of 2+ cores)
+
+
+class CoSearchSpec(Strict):
+    """The choices a co-search gives each device knob."""
+
+    cores: Annotated[list[PositiveInt], Field(min_length=1)]
+    mac_array: Annotated[list[MacArray], Field(min_length=1)]
+    weight_sram_kib: Annotated[list[PositiveInt], Field(min_length=1)]
+    act_sram_kib: Annotated[list[PositiveInt], Field(min_length=1)]
+
+    @field_validator("mac_array")
+    @classmethod
+    def _distinct(cls, v: list[MacArray]) -> list[MacArray]:
+        labels = [u.label for u in v]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"lists an array twice: {', '.join(labels)}")
+        return v
 
 
 class AcceleratorSpec(Strict):
@@ -176,6 +206,8 @@ class AcceleratorSpec(Strict):
     weight_gb_s: Optional[PositiveFloat] = None  # weights stream from a memory of their own (e.g. flash)
     noc_gb_s: PositiveFloat
     energy: EnergySpec
+    area: Optional[AreaSpec] = None      # per-unit silicon area: chip area and co-search
+    co_search: Optional[CoSearchSpec] = None
     sources: dict[str, str] = {}         # parameter path -> its public source or assumption
 
     @field_validator("energy")
@@ -190,14 +222,29 @@ class AcceleratorSpec(Strict):
     @field_validator("sources")
     @classmethod
     def _known_parameters(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_sources(cls, v, {"mac_array": MacArray, "energy": EnergySpec})
+        return check_sources(cls, v, {"mac_array": MacArray, "energy": EnergySpec, "area": AreaSpec,
+                                      "co_search": CoSearchSpec})
 
     @model_validator(mode="after")
     def _weight_memory_complete(self) -> AcceleratorSpec:
         if (self.weight_gb_s is None) != (self.energy.weight_pj_per_byte is None):
             raise ValueError("weight_gb_s and energy.weight_pj_per_byte describe the weight memory: "
                              "give both or neither")
+        if self.co_search is not None and self.area is None:
+            raise ValueError("co_search needs an area section: chip area is one of its objectives")
         return self
+
+    @property
+    def area_mm2(self) -> float | None:
+        """Chip area by the module docstring's formula; None without an area section."""
+        a = self.area
+        if a is None:
+            return None
+        pes = max(u.pes for u in self.unrollings)
+        core = (pes * a.pe_mm2 + self.vector_lanes * a.vector_lane_mm2
+                + (self.weight_sram_kib + self.act_sram_kib) * a.sram_mm2_per_kib
+                + (a.router_mm2 if self.cores > 1 else 0.0))
+        return self.cores * core
 
     @property
     def unrollings(self) -> tuple[MacArray, ...]:
@@ -211,6 +258,7 @@ class AnalyticalAccelerator(CostModel):
         self.spec = spec
         self.name = spec.name
         self._cache: dict[tuple, LayerCost | None] = {}
+        self._derived: dict[tuple, AnalyticalAccelerator] = {}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AnalyticalAccelerator:
@@ -227,9 +275,33 @@ class AnalyticalAccelerator(CostModel):
         pes = max(u.pes for u in s.unrollings)
         peak = {b: round(2 * s.cores * pes * r * s.clock_mhz * 1e6 / 1e12, 3)
                 for b, r in sorted(s.macs_per_pe_cycle.items())}
+        extra = {} if s.area is None else {"area_mm2": round(s.area_mm2, 3)}
         return {"name": s.name, "kind": s.kind, "description": s.description, **params,
-                "peak_tops_by_bits": peak, "weight_capacity_bytes": self.weight_capacity_bytes,
+                "peak_tops_by_bits": peak, "weight_capacity_bytes": self.weight_capacity_bytes, **extra,
                 "sources": dict(s.sources)}
+
+    def co_search_knobs(self) -> dict[str, tuple]:
+        """The device's knobs and their choices, from its spec's co_search section."""
+        cs = self.spec.co_search
+        if cs is None:
+            raise UsageError(f"device '{self.name}' has no co_search section; --co-search needs one listing "
+                             "choices for cores, mac_array, weight_sram_kib and act_sram_kib, and an area "
+                             "section (see edge-quad)")
+        return {"cores": tuple(cs.cores), "mac_array": tuple(u.label for u in cs.mac_array),
+                "weight_sram_kib": tuple(cs.weight_sram_kib), "act_sram_kib": tuple(cs.act_sram_kib)}
+
+    def derive(self, knobs: Mapping[str, Any]) -> AnalyticalAccelerator:
+        """This accelerator with the co-search choices `knobs` (as `co_search_knobs` names
+        them), its static power scaled by its area over this one's; cached per choice."""
+        key = tuple(sorted(knobs.items()))
+        if key not in self._derived:
+            s = self.spec
+            arrays = {u.label: u for u in s.co_search.mac_array}
+            spec = s.model_copy(update={**knobs, "mac_array": arrays[knobs["mac_array"]]})
+            scale = spec.area_mm2 / s.area_mm2
+            spec.energy = s.energy.model_copy(update={"static_mw": s.energy.static_mw * scale})
+            self._derived[key] = AnalyticalAccelerator(spec)
+        return self._derived[key]
 
     def _layer_cost(self, layer: LayerSpec) -> LayerCost | None:
         key = layer.shape_key()

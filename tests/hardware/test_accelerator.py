@@ -101,8 +101,9 @@ def test_spec_loads_with_a_source_for_every_parameter():
     info = quad.describe()
     assert info["name"] == "edge-quad" and info["cores"] == 4
     assert info["peak_tops_by_bits"][8] == pytest.approx(4.096)
-    params = {k for k in SPEC if k not in {"name", "kind", "description", "sources", "energy"}}
-    params |= {f"energy.{k}" for k in SPEC["energy"]}
+    nested = {"energy", "area", "co_search"}
+    params = {k for k in SPEC if k not in {"name", "kind", "description", "sources", *nested}}
+    params |= {f"{section}.{k}" for section in nested for k in SPEC[section]}
     assert params == set(info["sources"])
     assert quad.weight_capacity_bytes == 4 * 1024 * 1024
 

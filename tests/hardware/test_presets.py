@@ -16,7 +16,7 @@ from test_accelerator import _growth_pairs, conv, edp
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = ["edge-quad", "edge-single", "eyeriss-like", "mcu-m7", "h100"]
-NESTED = {"energy"}  # parameter groups whose entries are sourced one by one
+NESTED = {"energy", "area", "co_search"}  # parameter groups whose entries are sourced one by one
 
 
 def every_op(bits: int) -> list[LayerSpec]:
