@@ -24,7 +24,8 @@ class SearchConfig(BaseModel):
     dataset: str = "digits"
     accuracy: str = "proxy"
     strategy: str = "nsga2"
-    objectives: Optional[list[str]] = None  # default: accuracy and edp, or latency_ms where energy is not modelled
+    objectives: Optional[list[str]] = None  # default: accuracy and edp, or latency_ms where energy is not
+                                            # modelled; and area_mm2 with co_search
     budget: int = Field(default=40, ge=1)
     epochs: int = Field(default=5, ge=1)
     batch_size: int = Field(default=64, ge=1)
@@ -33,6 +34,7 @@ class SearchConfig(BaseModel):
     exit_policy: str = "max-softmax"
     exit_rates: Optional[dict[str, float]] = None  # early exit name -> target share of inputs
     pin: dict[str, Union[int, float, str]] = {}  # knob -> the one value the search may give it
+    co_search: bool = False  # search the device's own knobs (its spec's co_search section) too
     seed: int = Field(default=0, ge=0)
     train_device: Literal["auto", "cpu", "cuda"] = "auto"
     max_latency_ms: Optional[float] = Field(default=None, gt=0)
@@ -121,6 +123,8 @@ def make_config(file_values: dict | None = None, source: str = "setting", **flag
         raise ConfigError(f"{source}: {validation_message(e)}") from None
     if cfg.objectives is None:
         cfg.objectives = ["accuracy", "edp"] if _models_energy(cfg.device) else ["accuracy", "latency_ms"]
+        if cfg.co_search:
+            cfg.objectives.append("area_mm2")
     return cfg
 
 

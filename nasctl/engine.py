@@ -27,6 +27,7 @@ from .hardware.base import dynamic_efficiency, exit_overhead, expected_cost
 from .hardware.loader import load_device
 from .objectives import CONSTRAINT_METRICS, METRICS, Constraint, minimisation_matrix, pareto_front
 from .spaces.base import arch_key
+from .spaces.cosearch import CoSearchSpace, co_search
 from .spaces.loader import load_space
 from .spaces.pinned import pin_knobs
 from .store import RunStore, TrialStore, open_storage
@@ -63,14 +64,19 @@ class Evaluator:
 
     def __init__(self, cfg: SearchConfig, threads: int | None = None):
         self.cfg = cfg
-        self.space = pin_knobs(load_space(cfg.space), cfg.pin)
         self.device = None if is_table(cfg.device) else load_device(cfg.device)
+        space = load_space(cfg.space)
+        self.space = pin_knobs(co_search(space, self.device, cfg.device) if cfg.co_search else space, cfg.pin)
+        self.net_space = space if cfg.co_search else self.space  # the knobs accuracy depends on
+        self._outcomes: dict[str, tuple[float, list[float]]] = {}
         self.latency_table = ArchTable(cfg.device, self.space) if is_table(cfg.device) else None
         models_energy = self.device is not None and self.device.models_energy
         if not models_energy and {"energy_mj", "edp", "exit_overhead", "dynamic_efficiency"} & set(cfg.objectives):
             raise UsageError(f"device '{cfg.device}' models latency only; objectives energy_mj, edp, exit_overhead "
                              "and dynamic_efficiency "
                              "need a device that models energy (e.g. --objectives accuracy,latency_ms)")
+        if "area_mm2" in cfg.objectives and not cfg.co_search:
+            raise UsageError("objective area_mm2 is the chip area of a co-searched accelerator: add --co-search")
         self.constraints = [Constraint(metric, self._limit(flag)) for flag, metric in CONSTRAINT_METRICS.items()
                             if getattr(cfg, flag) is not None]
         self.exits = self.space.exit_names()
@@ -93,10 +99,10 @@ class Evaluator:
                                           threads=threads)
             self.input_shape, self.classes = self.dataset.input_shape, self.dataset.classes
         elif is_table(cfg.accuracy):
-            self.acc_table = ArchTable(cfg.accuracy, self.space)
+            self.acc_table = ArchTable(cfg.accuracy, self.net_space)
             self.input_shape, self.classes = self._input()
         elif cfg.accuracy.startswith(PREDICTOR_PREFIX):
-            self.acc_model = Outcomes.saved(cfg.accuracy.removeprefix(PREDICTOR_PREFIX), self.space)
+            self.acc_model = Outcomes.saved(cfg.accuracy.removeprefix(PREDICTOR_PREFIX), self.net_space)
             self.input_shape, self.classes = self._input()
         else:
             raise UsageError(f"accuracy source '{cfg.accuracy}' is not one of: proxy, table:PATH:COLUMN, "
@@ -112,11 +118,14 @@ class Evaluator:
             data = load_dataset(self.cfg.dataset, self.cfg.seed)
             return data.input_shape, data.classes
 
-    def _limit(self, flag: str) -> float:
-        """A constraint's bound; max_weight_kib 'device' is the device's on-chip weight memory."""
+    def _limit(self, flag: str) -> float | str:
+        """A constraint's bound; max_weight_kib 'device' is the device's on-chip weight memory
+        (with co-search, each candidate's own: its weight_capacity_kib column)."""
         value = getattr(self.cfg, flag)
         if value != "device":
             return value
+        if self.cfg.co_search:
+            return "weight_capacity_kib"
         capacity = getattr(self.device, "weight_capacity_bytes", None)
         if capacity is None:
             raise UsageError(f"max_weight_kib 'device': device '{self.cfg.device}' states no on-chip weight "
@@ -125,9 +134,10 @@ class Evaluator:
 
     @property
     def columns(self) -> list[str]:
+        hardware = ["area_mm2", "weight_capacity_kib"] if self.cfg.co_search else []
         return ["trial", "arch", "accuracy", "latency_ms", "energy_mj", "edp", "params", "macs", "weight_kib",
-                *[f"exit_rate_{e}" for e in self.exits], "exit_overhead", "dynamic_efficiency", "feasible",
-                "train_s"]
+                *hardware, *[f"exit_rate_{e}" for e in self.exits], "exit_overhead", "dynamic_efficiency",
+                "feasible", "train_s"]
 
     def resolved(self) -> dict:
         out: dict = {"input_shape": list(self.input_shape), "classes": self.classes}
@@ -149,15 +159,22 @@ class Evaluator:
 
     def outcome(self, arch: dict) -> tuple[float, list[float]]:
         """What training tells about `arch` (or a table): its accuracy and the share of
-        inputs leaving at each of its active exits, final classifier last."""
+        inputs leaving at each of its active exits, final classifier last.  With co-search,
+        of its network alone: scored once, whatever accelerators it is paired with."""
+        net = CoSearchSpace.split(arch)[0] if self.cfg.co_search else arch
+        key = arch_key(net)
+        if key not in self._outcomes:
+            self._outcomes[key] = self._score(net, key)
+        return self._outcomes[key]
+
+    def _score(self, net: dict, key: str) -> tuple[float, list[float]]:
         if self.acc_table is not None:
-            return self.acc_table.lookup(arch_key(arch)), [0.0] * (len(self.space.active_exits(arch)) - 1) + [1.0]
+            return self.acc_table.lookup(key), [0.0] * (len(self.net_space.active_exits(net)) - 1) + [1.0]
         if self.acc_model is not None:
-            return self.acc_model([arch])[0]
+            return self.acc_model([net])[0]
         from .evaluation.train import evaluate
 
-        seed = candidate_seed(self.cfg.seed, arch_key(arch))
-        res = evaluate(self.space, arch, self.dataset, self.settings, seed=seed)
+        res = evaluate(self.net_space, net, self.dataset, self.settings, seed=candidate_seed(self.cfg.seed, key))
         return res.accuracy, res.exit_rates
 
     def row(self, arch: dict, accuracy: float, rates: list[float], train_s: float) -> dict:
@@ -167,13 +184,14 @@ class Evaluator:
         layers = self.space.to_layers(arch, self.input_shape, self.classes)
         active = self.space.active_exits(arch)
         overhead = efficiency = None
+        device = self.device.derive(CoSearchSpace.split(arch)[1]) if self.cfg.co_search else self.device
         if self.latency_table is not None:
             latency, energy = self.latency_table.lookup(key), None
         else:
-            report = self.device.estimate(layers)
+            report = device.estimate(layers)
             if report.unsupported:
                 ops = ", ".join(f"{op} x{n}" for op, n in report.unsupported.items())
-                raise UsageError(f"device '{self.device.name}' cannot price op(s) {ops} of space '{self.space.name}'")
+                raise UsageError(f"device '{device.name}' cannot price op(s) {ops} of space '{self.space.name}'")
             lat_path, en_path = report.exit_path_costs()
             latency = expected_cost(lat_path, rates)
             energy = expected_cost(en_path, rates) if en_path is not None else None
@@ -187,6 +205,8 @@ class Evaluator:
                "edp": None if energy is None else latency * energy,
                "params": sum(layer.params for layer in layers), "macs": sum(layer.macs for layer in layers),
                "weight_kib": sum(layer.weight_bytes for layer in layers) / 1024,
+               **({"area_mm2": device.spec.area_mm2, "weight_capacity_kib": device.weight_capacity_bytes / 1024}
+                  if self.cfg.co_search else {}),
                **{f"exit_rate_{e}": p for e, p in exit_rates.items()}, "exit_overhead": overhead,
                "dynamic_efficiency": efficiency, "train_s": train_s}
         row["feasible"] = all(c.violation(row) <= 0 for c in self.constraints)

@@ -11,7 +11,8 @@ from .errors import UsageError
 
 # Metric columns of trials.csv a search can optimise, and which way is better.
 METRICS = {"accuracy": "max", "latency_ms": "min", "energy_mj": "min", "edp": "min",
-           "params": "min", "macs": "min", "weight_kib": "min", "exit_overhead": "min", "dynamic_efficiency": "max"}
+           "params": "min", "macs": "min", "weight_kib": "min", "exit_overhead": "min", "dynamic_efficiency": "max",
+           "area_mm2": "min"}
 # Constraint flags: an upper bound on a metric.
 CONSTRAINT_METRICS = {"max_latency_ms": "latency_ms", "max_energy_mj": "energy_mj", "max_params": "params",
                       "max_weight_kib": "weight_kib"}
@@ -30,14 +31,15 @@ def check_objectives(names: Sequence[str]) -> list[str]:
 @dataclass(frozen=True)
 class Constraint:
     metric: str
-    limit: float
+    limit: float | str  # a bound, or the row column holding each candidate's own bound
 
     def __str__(self) -> str:
-        return f"{self.metric} <= {self.limit:g}"
+        return f"{self.metric} <= {self.limit if isinstance(self.limit, str) else format(self.limit, 'g')}"
 
     def violation(self, row: Mapping[str, float]) -> float:
         """<= 0 where met; relative excess over the limit otherwise."""
-        return (row[self.metric] - self.limit) / max(abs(self.limit), 1e-12)
+        limit = row[self.limit] if isinstance(self.limit, str) else self.limit
+        return (row[self.metric] - limit) / max(abs(limit), 1e-12)
 
 
 def minimisation_matrix(rows: Sequence[Mapping[str, float]], objectives: Sequence[str]) -> np.ndarray:

@@ -25,8 +25,9 @@ def search(
     strategy: Annotated[Optional[str], typer.Option(help=f"Search strategy. {_d('strategy')}")] = None,
     objectives: Annotated[Optional[str], typer.Option(
         help="Comma-separated metrics to optimise (accuracy, latency_ms, energy_mj, edp, params, macs, "
-             "exit_overhead, dynamic_efficiency). "
-             "[default: accuracy,edp; accuracy,latency_ms on devices that model latency only]")] = None,
+             "exit_overhead, dynamic_efficiency, area_mm2). "
+             "[default: accuracy,edp; accuracy,latency_ms on devices that model latency only; "
+             "and area_mm2 with --co-search]")] = None,
     budget: Annotated[Optional[int], typer.Option(help=f"Candidates to evaluate. {_d('budget')}")] = None,
     epochs: Annotated[Optional[int], typer.Option(help=f"Proxy-training epochs per candidate. {_d('epochs')}")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help=f"Training batch size. {_d('batch_size')}")] = None,
@@ -63,6 +64,9 @@ def search(
         help="Calibrate thresholds to target exit rates instead, e.g. s1=0.3,s2=0.3 (share of all inputs).")] = None,
     pin: Annotated[Optional[str], typer.Option(
         help="Fix knobs of the space, e.g. exit_s1=0,exit_s2=0,backbone_bits=8 (a static baseline).")] = None,
+    co_search: Annotated[Optional[bool], typer.Option(
+        "--co-search", help="Search the device's own knobs too (cores, MAC array, SRAM sizes: its spec's "
+                            "co_search section), recording each candidate's chip area.")] = None,
     preset: Annotated[Optional[str], typer.Option(
         help="Settings shipped in a workspace's presets/ folder (e.g. eenn); --config and flags override it.")] = None,
     config: Annotated[Optional[Path], typer.Option(
@@ -98,7 +102,7 @@ def search(
                       surrogate=surrogate, screen=screen,
                       exit_policy=exit_policy, exit_tolerance=exit_tolerance,
                       exit_rates=_assignments("--exit-rates", exit_rates, float),
-                      pin=_assignments("--pin", pin, parse_cell))
+                      pin=_assignments("--pin", pin, parse_cell), co_search=co_search)
     if print_config:
         import yaml
 
@@ -172,6 +176,10 @@ def _front_table(front: list[dict], objectives: list[str]) -> Table:
     cols.append(("params", lambda r, a: f"{r['params']:,}"))
     if any("backbone_bits" in a for a in archs):
         cols.append(("bits b/e", lambda r, a: f"{a.get('backbone_bits', '-')}/{a.get('exit_bits', '-')}"))
+    if any(r.get("area_mm2") is not None for r in front):
+        cols += [("area mm²", lambda r, a: f"{r['area_mm2']:.3g}"),
+                 ("accelerator", lambda r, a: f"{a['hw_cores']}×{a['hw_mac_array']} "
+                                              f"{a['hw_weight_sram_kib']}/{a['hw_act_sram_kib']} KiB")]
     if len(exit_cols) > 1 and any(r.get("exit_overhead") is not None for r in front):
         cols += [("exit overhead %", lambda r, a: f"{100 * r['exit_overhead']:.2f}"),
                  ("dyn. eff. %", lambda r, a: f"{100 * r['dynamic_efficiency']:.1f}")]
@@ -180,7 +188,7 @@ def _front_table(front: list[dict], objectives: list[str]) -> Table:
             f"{k.removeprefix('exit_rate_')}:{r[k]:.0%}" for k in exit_cols if r[k] > 0)))
     table = Table(title=f"Pareto front ({', '.join(objectives)})")
     for name, _ in cols:
-        table.add_column(name, justify="left" if name == "exits taken" else "right")
+        table.add_column(name, justify="left" if name in ("exits taken", "accelerator") else "right")
     for row, arch in zip(front, archs):
         table.add_row(*(fmt(row, arch) for _, fmt in cols))
     return table
