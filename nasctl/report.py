@@ -74,8 +74,10 @@ def pick(run: Run, trial: int | None) -> dict:
 
 
 def layer_rows(run: Run, row: dict) -> list[LayerRow]:
-    """Each layer of the trial's network with its cost and core mapping on the run's device."""
+    """Each layer of the trial's network with its cost and core mapping on the run's device
+    (with co-search, on the trial's own accelerator)."""
     from .hardware.loader import load_device
+    from .spaces.cosearch import CoSearchSpace
     from .spaces.loader import load_space
 
     resolved = run.config.get("resolved") or {}
@@ -86,6 +88,9 @@ def layer_rows(run: Run, row: dict) -> list[LayerRow]:
 
     space, device = load_space(named("space")), load_device(named("device"))
     arch = json.loads(row["arch"])
+    if run.config.get("co_search"):  # the network, on the accelerator it was paired with
+        arch, hw = CoSearchSpace.split(arch)
+        device = device.derive(hw)
     layers = space.to_layers(arch, tuple(resolved["input_shape"]), resolved["classes"])
     exits = space.active_exits(arch)
     report = device.estimate(layers)

@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from nasctl.cli import app
 from nasctl.hardware.loader import load_device
+from nasctl.report import layer_rows
+from nasctl.runs import load as load_run
 from nasctl.spaces.cosearch import co_search
 from nasctl.spaces.loader import load_space
 
@@ -53,6 +55,12 @@ def test_co_search_records_the_accelerator_and_its_area_per_trial(table, tmp_pat
     # one network (its knobs pinned), paired with six accelerators: one accuracy, six costs
     assert len({r["accuracy"] for r in rows}) == 1
     assert len({r["latency_ms"] for r in rows}) == len({r["arch"] for r in rows}) == 6
+    # the report prices each layer on the trial's own accelerator: its costs add up to the trial's
+    run = load_run(tmp_path / "run")
+    for r in run.trials:
+        layers = layer_rows(run, r)
+        assert sum(lay.latency_ms for lay in layers) == pytest.approx(r["latency_ms"], rel=1e-5)
+        assert sum(lay.energy_mj for lay in layers) == pytest.approx(r["energy_mj"], rel=1e-5)
 
 
 @pytest.mark.parametrize("args, message", [
