@@ -55,6 +55,17 @@ levels: every MAC reads a weight, an input and a partial sum from its PE's regis
 and writes the partial sum back (4 accesses, e_rf per byte), and every SRAM byte of a
 MAC-array layer crosses the array's network to the PEs (e_array per byte).  Costs are
 cached per `LayerSpec.shape_key()`.
+
+Chip area, for specs with an `area:` section (per-unit figures, each with its source):
+
+  area_mm2 = cores x (PEs x pe_mm2 + vector_lanes x vector_lane_mm2
+                      + (weight_sram_kib + act_sram_kib) x sram_mm2_per_kib
+                      + router_mm2, on chips of two or more cores)
+
+PEs is the largest unrolling's.  A `co_search:` section lists choices for the cores, the
+MAC array and the SRAM sizes; `derive` gives the accelerator with one choice of each, its
+static power scaled with its area (leakage and clocking grow with the silicon) and its
+SRAM energy per byte with its SRAM per core: x (new / old KiB) ^ sram_energy_exponent.
 """
 
 from __future__ import annotations
@@ -181,6 +192,7 @@ class CoSearchSpec(Strict):
     mac_array: Annotated[list[MacArray], Field(min_length=1)]
     weight_sram_kib: Annotated[list[PositiveInt], Field(min_length=1)]
     act_sram_kib: Annotated[list[PositiveInt], Field(min_length=1)]
+    sram_energy_exponent: NonNegativeFloat  # SRAM energy per byte grows as (KiB per core) ^ this
 
     @field_validator("mac_array")
     @classmethod
@@ -292,14 +304,17 @@ class AnalyticalAccelerator(CostModel):
 
     def derive(self, knobs: Mapping[str, Any]) -> AnalyticalAccelerator:
         """This accelerator with the co-search choices `knobs` (as `co_search_knobs` names
-        them), its static power scaled by its area over this one's; cached per choice."""
+        them), its static power and SRAM energy scaled as the module docstring says; cached
+        per choice."""
         key = tuple(sorted(knobs.items()))
         if key not in self._derived:
             s = self.spec
             arrays = {u.label: u for u in s.co_search.mac_array}
             spec = s.model_copy(update={**knobs, "mac_array": arrays[knobs["mac_array"]]})
-            scale = spec.area_mm2 / s.area_mm2
-            spec.energy = s.energy.model_copy(update={"static_mw": s.energy.static_mw * scale})
+            sram = (spec.weight_sram_kib + spec.act_sram_kib) / (s.weight_sram_kib + s.act_sram_kib)
+            spec.energy = s.energy.model_copy(update={
+                "static_mw": s.energy.static_mw * spec.area_mm2 / s.area_mm2,
+                "sram_pj_per_byte": s.energy.sram_pj_per_byte * sram ** s.co_search.sram_energy_exponent})
             self._derived[key] = AnalyticalAccelerator(spec)
         return self._derived[key]
 

@@ -22,7 +22,7 @@ def small_spec(**changes) -> dict:
                        "noc_pj_per_byte": 1, "static_mw": 100},
             "area": {"pe_mm2": 0.5, "vector_lane_mm2": 0.25, "sram_mm2_per_kib": 0.125, "router_mm2": 1},
             "co_search": {"cores": [1, 2], "mac_array": [{"k": 2, "c": 2}, {"k": 4, "c": 4}],
-                          "weight_sram_kib": [10, 20], "act_sram_kib": [6]}}
+                          "weight_sram_kib": [10, 20], "act_sram_kib": [6], "sram_energy_exponent": 0.5}}
     return {**spec, **changes}
 
 
@@ -53,6 +53,7 @@ def test_derived_accelerators_take_the_knobs_and_scale_static_power_with_area():
     # 16 x 0.5 + 0.75 + 26 x 0.125 = 12, against the base's 11.5
     assert s.area_mm2 == pytest.approx(12.0)
     assert s.energy.static_mw == pytest.approx(100 * 12.0 / 11.5)
+    assert s.energy.sram_pj_per_byte == pytest.approx(1 * (26 / 16) ** 0.5)  # 20 + 6 KiB against 10 + 6
     conv = LayerSpec(op="conv", in_ch=8, out_ch=8, in_hw=(8, 8), out_hw=(8, 8), kernel=(3, 3), w_bits=8, a_bits=8)
     assert derived.estimate([conv]).latency_ms != base.estimate([conv]).latency_ms
 
