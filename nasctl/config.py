@@ -41,6 +41,9 @@ class SearchConfig(BaseModel):
     max_energy_mj: Optional[float] = Field(default=None, gt=0)
     max_params: Optional[int] = Field(default=None, gt=0)
     max_weight_kib: Optional[Union[float, str]] = None  # KiB, or "device": the device's on-chip weight memory
+    min_accuracy: Optional[float] = Field(default=None, ge=0, le=100)  # percent
+    accuracy_baseline: Optional[str] = None  # a run: accuracy >= its best feasible accuracy - max_accuracy_drop
+    max_accuracy_drop: float = Field(default=1.0, ge=0)  # points, with accuracy_baseline
     storage: Optional[str] = None
     study: Optional[str] = None
     workers: int = Field(default=1, ge=1)

@@ -79,6 +79,9 @@ class Evaluator:
             raise UsageError("objective area_mm2 is the chip area of a co-searched accelerator: add --co-search")
         self.constraints = [Constraint(metric, self._limit(flag)) for flag, metric in CONSTRAINT_METRICS.items()
                             if getattr(cfg, flag) is not None]
+        self.min_accuracy = self._min_accuracy()
+        if self.min_accuracy is not None:
+            self.constraints.append(Constraint("accuracy", self.min_accuracy, lower=True))
         self.exits = self.space.exit_names()
         unknown = sorted(set(cfg.exit_rates or ()) - set(self.exits[:-1]))
         if unknown:
@@ -118,6 +121,21 @@ class Evaluator:
             data = load_dataset(self.cfg.dataset, self.cfg.seed)
             return data.input_shape, data.classes
 
+    def _min_accuracy(self) -> float | None:
+        """The accuracy floor: min_accuracy, or the accuracy_baseline run's best feasible
+        accuracy less max_accuracy_drop (e.g. a static network's, for early-exit ones)."""
+        cfg = self.cfg
+        if cfg.accuracy_baseline is None:
+            return cfg.min_accuracy
+        if cfg.min_accuracy is not None:
+            raise UsageError("give min_accuracy or accuracy_baseline, not both")
+        from .runs import load as load_run
+
+        feasible = load_run(cfg.accuracy_baseline).feasible
+        if not feasible:
+            raise UsageError(f"accuracy baseline '{cfg.accuracy_baseline}' has no feasible trial")
+        return max(r["accuracy"] for r in feasible) - cfg.max_accuracy_drop
+
     def _limit(self, flag: str) -> float | str:
         """A constraint's bound; max_weight_kib 'device' is the device's on-chip weight memory
         (with co-search, each candidate's own: its weight_capacity_kib column)."""
@@ -144,6 +162,8 @@ class Evaluator:
         if self.device is not None:
             out["device"] = str(workspace.find("hardware", self.cfg.device, "device"))
         out["space"] = str(workspace.find("search_spaces", self.cfg.space, "search space"))
+        if self.min_accuracy is not None:
+            out["min_accuracy"] = self.min_accuracy
         if self.dataset is not None:
             d = self.dataset
             out["dataset"] = {"name": d.name, "input_shape": list(d.input_shape), "classes": d.classes,
@@ -283,7 +303,7 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
         "train_s": round(sum(r["train_s"] for r in rows), 3),
         "trials": len(rows)})
     if rows and not front and evaluator.constraints:
-        best = ", ".join(f"{c} (best seen {min(r[c.metric] for r in rows):.4g})" for c in evaluator.constraints)
+        best = ", ".join(f"{c} (best seen {c.best(rows):.4g})" for c in evaluator.constraints)
         raise WorkFailed(f"no evaluated candidate meets {best}; "
                          f"all {len(rows)} trials are kept in {store.trials_path}")
     return result

@@ -32,14 +32,21 @@ def check_objectives(names: Sequence[str]) -> list[str]:
 class Constraint:
     metric: str
     limit: float | str  # a bound, or the row column holding each candidate's own bound
+    lower: bool = False  # the limit is a lower bound (metric >= limit)
 
     def __str__(self) -> str:
-        return f"{self.metric} <= {self.limit if isinstance(self.limit, str) else format(self.limit, 'g')}"
+        limit = self.limit if isinstance(self.limit, str) else format(self.limit, "g")
+        return f"{self.metric} {'>=' if self.lower else '<='} {limit}"
 
     def violation(self, row: Mapping[str, float]) -> float:
-        """<= 0 where met; relative excess over the limit otherwise."""
+        """<= 0 where met; relative excess beyond the limit otherwise."""
         limit = row[self.limit] if isinstance(self.limit, str) else self.limit
-        return (row[self.metric] - limit) / max(abs(limit), 1e-12)
+        excess = limit - row[self.metric] if self.lower else row[self.metric] - limit
+        return excess / max(abs(limit), 1e-12)
+
+    def best(self, rows: Sequence[Mapping[str, float]]) -> float:
+        """The value closest to meeting it among `rows`."""
+        return (max if self.lower else min)(r[self.metric] for r in rows)
 
 
 def minimisation_matrix(rows: Sequence[Mapping[str, float]], objectives: Sequence[str]) -> np.ndarray:

@@ -32,3 +32,13 @@ def test_constraint_violation_sign():
 def test_bad_objectives(names):
     with pytest.raises(UsageError):
         check_objectives(names)
+
+
+def test_a_lower_bound_constraint():
+    from nasctl.objectives import Constraint
+
+    floor = Constraint("accuracy", 90.0, lower=True)
+    assert str(floor) == "accuracy >= 90"
+    assert floor.violation({"accuracy": 95.0}) < 0 and floor.violation({"accuracy": 90.0}) == 0
+    assert floor.violation({"accuracy": 81.0}) == pytest.approx(0.1)
+    assert floor.best([{"accuracy": 81.0}, {"accuracy": 85.0}]) == 85.0

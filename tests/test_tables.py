@@ -150,3 +150,37 @@ def test_a_predictor_of_exit_rates_prices_early_exits_without_training(tmp_path,
         assert rates["s1"] == pytest.approx(0.4 if arch["exit_s1"] else 0.0, abs=0.1)
         assert rates["s2"] == pytest.approx(0.3 if arch["exit_s2"] else 0.0, abs=0.1)
         assert float(t["train_s"]) < 1  # nothing was trained
+
+
+def test_accuracy_floor_from_a_baseline_run(table, tmp_path):
+    path, _ = table
+    base = tmp_path / "baseline"
+    assert table_search(path, "--budget", "20", "--seed", "1", "--run-dir", str(base)).exit_code == 0
+    best = max(float(t["accuracy"]) for t in read_csv(base / "trials.csv") if t["feasible"] == "true")
+    run = tmp_path / "run"
+    result = table_search(path, "--budget", "20", "--accuracy-baseline", str(base), "--max-accuracy-drop", "5",
+                          "--run-dir", str(run), "--json")
+    assert result.exit_code == 0, result.output
+    floor = best - 5
+    assert f"accuracy >= {floor:g}" in json.loads(result.stdout)["constraints"]
+    import yaml
+
+    assert yaml.safe_load((run / "config.yaml").read_text())["resolved"]["min_accuracy"] == pytest.approx(floor)
+    trials = read_csv(run / "trials.csv")
+    assert any(float(t["accuracy"]) < floor for t in trials)  # some fall below the floor ...
+    for t in trials:  # ... and exactly those are infeasible
+        assert (t["feasible"] == "true") == (float(t["accuracy"]) >= floor)
+    assert all(float(r["accuracy"]) >= floor for r in read_csv(run / "pareto.csv"))
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--min-accuracy", "99.9"], 1, "no evaluated candidate meets accuracy >= 99.9 (best seen"),
+    (["--min-accuracy", "120"], 2, "min_accuracy"),
+    (["--min-accuracy", "80", "--accuracy-baseline", "no-such-run"], 2, "give min_accuracy or accuracy_baseline"),
+    (["--accuracy-baseline", "no-such-run"], 2, "run 'no-such-run' not found"),
+])
+def test_accuracy_floor_errors_are_one_line(table, args, code, message):
+    path, _ = table
+    result = table_search(path, "--budget", "8", *args)
+    assert result.exit_code == code, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1

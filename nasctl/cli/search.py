@@ -38,6 +38,14 @@ def search(
     max_latency_ms: Annotated[Optional[float], typer.Option(help="Constraint: expected latency (ms) at most this.")] = None,
     max_energy_mj: Annotated[Optional[float], typer.Option(help="Constraint: expected energy (mJ) at most this.")] = None,
     max_params: Annotated[Optional[int], typer.Option(help="Constraint: parameters at most this.")] = None,
+    min_accuracy: Annotated[Optional[float], typer.Option(
+        help="Constraint: accuracy (%) at least this.")] = None,
+    accuracy_baseline: Annotated[Optional[str], typer.Option(
+        help="Constraint: accuracy at least this run's best feasible accuracy less --max-accuracy-drop "
+             "(e.g. a static baseline's run folder or id).")] = None,
+    max_accuracy_drop: Annotated[Optional[float], typer.Option(
+        help=f"With --accuracy-baseline: accuracy points below the baseline allowed. {_d('max_accuracy_drop')}")]
+    = None,
     max_weight_kib: Annotated[Optional[str], typer.Option(
         help="Constraint: weights (at their bit widths) in KiB at most this, or 'device' for the device's "
              "on-chip weight memory.")] = None,
@@ -97,7 +105,9 @@ def search(
                       strategy=strategy, objectives=objectives.split(",") if objectives else None,
                       budget=budget, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
                       train_device=train_device, max_latency_ms=max_latency_ms, max_energy_mj=max_energy_mj,
-                      max_params=max_params, max_weight_kib=max_weight_kib, storage=storage, study=study,
+                      max_params=max_params, max_weight_kib=max_weight_kib, min_accuracy=min_accuracy,
+                      accuracy_baseline=accuracy_baseline, max_accuracy_drop=max_accuracy_drop,
+                      storage=storage, study=study,
                       workers=workers,
                       surrogate=surrogate, screen=screen,
                       exit_policy=exit_policy, exit_tolerance=exit_tolerance,
