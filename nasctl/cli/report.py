@@ -18,8 +18,9 @@ def report(
         help="Trial whose per-layer cost and core mapping to show. [default: the lowest-EDP front point]")] = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Folder to write. [default: RUN/report]")] = None,
 ):
-    """Write report.html (plots embedded, opens offline) and its PNGs: the front against baseline
-    runs, exit rates per front point, per-layer cost and the core mapping of one network."""
+    """Write a run's report.html (plots embedded, opens offline) and its PNGs.
+
+    Plots: the front against baseline runs, exit rates per front point, one network's per-layer cost and core mapping."""
     from .. import runs
     from ..report import write_report
 

@@ -20,7 +20,8 @@ def test_version():
     assert result.exit_code == 0 and result.stdout.strip() == f"nasctl {__version__}"
 
 
-@pytest.mark.parametrize("args", [[], ["search"], ["space"], ["space", "show"], ["hw"], ["hw", "show"]])
+@pytest.mark.parametrize("args", [[], ["search"], ["space"], ["space", "show"], ["hw"], ["hw", "show"], ["predict"],
+                                  ["report"], ["runs"], ["runs", "compare"], ["predictor"], ["predictor", "train"]])
 def test_help_everywhere(args):
     result = invoke(*args, "--help")
     assert result.exit_code == 0 and "Usage" in result.stdout
