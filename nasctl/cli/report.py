@@ -20,7 +20,7 @@ def report(
 ):
     """Write a run's report.html (plots embedded, opens offline) and its PNGs.
 
-    Plots: the front against baseline runs, exit rates per front point, one network's per-layer cost and core mapping."""
+    Plots: the front against baseline runs, exit rates per point, per-layer cost, core mapping."""
     from .. import runs
     from ..report import write_report
 
