@@ -6,31 +6,13 @@ import json
 import numpy as np
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from nasctl.cli import app
 from nasctl.predictors import load_predictor
 from nasctl.predictors.encodings import encode
 from nasctl.spaces.base import arch_key
 from nasctl.spaces.loader import load_space
 
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, code, text):
-    assert result.exit_code == code, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and text in lines[0], result.stderr
-
-
-@pytest.fixture
-def ws(tmp_path):
-    (tmp_path / "ws").mkdir()
-    return tmp_path / "ws"
+from cli_helpers import invoke, one_line_error
 
 
 @pytest.fixture(scope="module")
