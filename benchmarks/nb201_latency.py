@@ -27,7 +27,6 @@ DIR holds HW-NAS-Bench's `hwnasbench_nb201.csv` (default: $NASCTL_NB201_DIR, els
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from pathlib import Path
 
@@ -38,11 +37,10 @@ from nasctl.hardware.fit import fit_from_models, write_device
 from nasctl.hardware.loader import load_device
 from nasctl.spaces.loader import load_space
 from nasctl.spaces.nb201 import Nb201Space
+from nb201_data import DEFAULT_DATA
 
 DEVICES = ("eyeriss", "fpga", "pixel3", "raspi4")
 VARIANTS = ("run", "drop")
-DEFAULT_DATA = Path(os.environ.get("NASCTL_NB201_DIR")
-                    or Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "nb201")
 
 
 def fit_and_rank(name: str, layer_lists: list, latency_ms: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, float]:

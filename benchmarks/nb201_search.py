@@ -31,7 +31,6 @@ DIR holds `nb201_acc.csv` and `hwnasbench_nb201.csv` (default: $NASCTL_NB201_DIR
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -43,10 +42,9 @@ from nasctl.spaces.loader import load_space
 from nasctl.predictors import PREDICTORS
 from nasctl.strategies import STRATEGIES
 from nasctl.surrogate import Surrogate, choose, n_real
+from nb201_data import DEFAULT_DATA
 
 DEVICES = ("eyeriss", "fpga", "pixel3", "raspi4")
-DEFAULT_DATA = Path(os.environ.get("NASCTL_NB201_DIR")
-                    or Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "nb201")
 STALLED_ROUNDS = 50  # as the engine: stop after this many rounds proposing nothing new
 SLOW = ("gp",)       # ~1 s a proposal: run on its own with fewer seeds
 

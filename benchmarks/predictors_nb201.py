@@ -18,7 +18,6 @@ time in worker processes, each with one thread.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 import warnings
 from pathlib import Path
@@ -28,10 +27,7 @@ import numpy as np
 from nasctl.predictors import PREDICTORS, make_predictor
 from nasctl.predictors.metrics import kendall_tau, spearman
 from nasctl.spaces.loader import load_space
-
-DEFAULT_DATA = Path(os.environ.get("NASCTL_NB201_DIR")
-                    or Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "nb201")
-
+from nb201_data import DEFAULT_DATA
 
 _data: tuple | None = None  # (space, archs, y) of this process
 
