@@ -340,7 +340,7 @@ def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int
         if not archs:
             break
         new = [a for a in archs if arch_key(a) not in seen and arch_key(a) not in failed]
-        screening = _screen(evaluator, surrogate, new, seen) if ready else None
+        screening = _screen(evaluator, surrogate, new, seen) if ready and new else None
         skipped = screening.skipped if screening else {}
         evaluated = 0
         for arch in new:
