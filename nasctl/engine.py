@@ -348,7 +348,8 @@ def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int
             if key in skipped or trials.n_claimed() >= cfg.budget:
                 continue
             trial = trials.start(arch, key)
-            if trial is None:  # another worker has it
+            if trial is None:  # another worker has it: its result, if finished, is told as ours
+                seen.update((r["arch"], r) for r in trials.finished_rows() if r["arch"] not in seen)
                 continue
             try:
                 row = evaluator(arch)
