@@ -31,7 +31,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workspace", type=Path, default=DEFAULT_WORKSPACE, help="workspace holding hardware/cpu-local/")
     ap.add_argument("--reprofile", action="store_true", help="profile again even if the workspace has a profile")
-    ap.add_argument("--kernels", type=int, default=5000, help="kernels to profile (nasctl hw profile --kernels)")
+    ap.add_argument("--kernels", type=int, default=15000, help="kernels to profile (nasctl hw profile --kernels)")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
     ap.add_argument("--json", type=Path, help="also write the full result as JSON here")
     args = ap.parse_args()

@@ -11,7 +11,7 @@ from rich.table import Table
 from .. import workspace
 from ..errors import UsageError
 from ..hardware.loader import load_device
-from ..hardware.lut import ENERGY_COLUMN, LUT_COLUMNS
+from ..hardware.lut import DEQUANTIZED_COLUMN, ENERGY_COLUMN, LUT_COLUMNS
 from .render import err, out, print_json
 
 app = typer.Typer(no_args_is_help=True,
@@ -79,7 +79,7 @@ def profile(
     device: Annotated[str, typer.Option(help="Name of the device to write (hardware/NAME/ in the workspace).")]
     = LOCAL,
     threads: Annotated[int, typer.Option(min=1, help="onnxruntime intra-op threads (recorded in the spec).")] = 1,
-    kernels: Annotated[int, typer.Option(min=20, help="Kernels to measure (in context networks).")] = 5000,
+    kernels: Annotated[int, typer.Option(min=20, help="Kernels to measure (in context networks).")] = 15000,
     quick: Annotated[bool, typer.Option("--quick", help="A small, fast profile: 150 kernels, 5 rounds.")] = False,
     rounds: Annotated[int, typer.Option(min=2, help="Interleaved timing rounds.")] = 15,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the random context networks.")] = 0,
@@ -114,9 +114,10 @@ def profile(
 @app.command("fit", help=(
     "Fit a `kind: lut` device from measurements and write it to hardware/NAME/ in the workspace.\n\n"
     f"--lut FILE: a per-kernel table, one row per measured kernel, with the columns {', '.join(LUT_COLUMNS)} "
-    f"and optionally {ENERGY_COLUMN}. They mirror LayerSpec: op is its op kind; a token sequence of length T "
-    "is T x 1; groups == in_ch for a depthwise conv; fn is the fused activation, pooling mode or norm kind "
-    "(may be empty); latency_ms and energy_mj are the kernel's measured cost.\n\n"
+    f"and optionally {DEQUANTIZED_COLUMN} and {ENERGY_COLUMN}. They mirror LayerSpec: op is its op kind; a token "
+    "sequence of length T is T x 1; groups == in_ch for a depthwise conv; fn is the fused activation, pooling "
+    f"mode or norm kind (may be empty); {DEQUANTIZED_COLUMN} is 1 for a quantized kernel that ran as dequantize, "
+    "float op, quantize; latency_ms and energy_mj are the kernel's measured cost.\n\n"
     "--models FILE: end-to-end latencies, a CSV with latency_ms and either arch (an architecture of --space as "
     "JSON, or an NB201 string for nb201) or onnx (a model path, relative to the CSV). Per-kernel costs are "
     "solved by non-negative least squares over the kernels each model contains, plus a per-model overhead.\n\n"

@@ -82,7 +82,7 @@ def _layer_row(layer, cost) -> dict:
     return {"name": layer.name, "op": layer.op, "fn": layer.fn,
             "shapes": {"in": [layer.in_ch, *layer.in_hw], "out": [layer.out_ch, *layer.out_hw],
                        "kernel": list(layer.kernel), "stride": layer.stride, "groups": layer.groups},
-            "bits": {"w": layer.w_bits, "a": layer.a_bits},
+            "bits": {"w": layer.w_bits, "a": layer.a_bits}, "dequantized": layer.dequantized,
             "macs": layer.macs, "params": layer.params,
             "latency_ms": cost.latency_ms if priced else None,
             "energy_mj": cost.energy_mj if priced else None,
@@ -99,7 +99,7 @@ def _layer_table(rows: list[dict]) -> Table:
         kernel = "x".join(map(str, s["kernel"]))
         table.add_row(r["name"], f"{r['op']}:{r['fn']}" if r["fn"] else r["op"],
                       f"{'x'.join(map(str, s['in']))} → {'x'.join(map(str, s['out']))}",
-                      f"{kernel}/{s['stride']}/{s['groups']}", f"{r['bits']['w']}/{r['bits']['a']}",
+                      f"{kernel}/{s['stride']}/{s['groups']}", f"{r['bits']['w']}/{r['bits']['a']}{' dq' if r['dequantized'] else ''}",
                       f"{r['macs']:,}", _scaled(r["latency_ms"]), _scaled(r["energy_mj"]), r["mapping"])
     return table
 

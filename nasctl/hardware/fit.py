@@ -15,6 +15,9 @@ measured kernel and the columns (they mirror `LayerSpec`):
   fn                 the fused activation (relu, clip, hardswish, ...), pooling mode (max,
                      avg), norm kind (batch, layer) or data op (transpose, ...); may be empty
   latency_ms         measured latency of the kernel, > 0
+  dequantized        optional, 0 or 1 (default 0): a quantized kernel that ran as
+                     dequantize -> float op -> quantize (an onnxruntime QDQ group it could
+                     not fuse, see LayerSpec.dequantized)
   energy_mj          optional: its energy, > 0 (the device then models energy)
 
 End-to-end measurements (`nasctl hw fit --device NAME --models FILE`) are a CSV with a

@@ -44,6 +44,11 @@ class LayerSpec:
     segment: int = 0
     role: str = "backbone"
     fn: str = ""  # sub-kind: the fused or stand-alone activation, the pooling mode
+    # A quantized layer that runs dequantized: a runtime keeps its DequantizeLinear ->
+    # float op -> QuantizeLinear nodes apart instead of fusing them into one integer
+    # kernel (onnxruntime fuses such a group only where each quantized tensor it reads
+    # or writes has no other reader).  Accelerators price its bit widths all the same.
+    dequantized: bool = False
     name: str = field(default="", compare=False)
 
     @property
@@ -93,4 +98,4 @@ class LayerSpec:
     def shape_key(self) -> tuple:
         """What determines this layer's cost (everything but its place in the network)."""
         return (self.op, self.in_ch, self.out_ch, self.in_hw, self.out_hw, self.kernel,
-                self.stride, self.groups, self.w_bits, self.a_bits, self.fn)
+                self.stride, self.groups, self.w_bits, self.a_bits, self.fn, self.dequantized)

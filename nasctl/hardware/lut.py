@@ -10,7 +10,8 @@ documented in `nasctl.hardware.fit` and `nasctl hw fit --help`.
 Pricing a layer: a row with the layer's exact shape (`LayerSpec.shape_key`) gives its
 cost as stored; any other layer is priced by a regressor fitted, when the device loads,
 to the rows of its kernel type (the op; convs split into dense and depthwise; quantized
-kernels apart from float ones) on log-scale features - MACs, elements read and
+kernels apart from float ones, and those that run dequantized apart again - priced as
+fused ones where the table has none) on log-scale features - MACs, elements read and
 written, weights, channels, positions, kernel area, stride, groups, bit widths, channel
 alignment to vector blocks and the activation.  Predictions are of log latency, so
 prices are always positive.  The spec names each type's regressor (`regressors:`,
@@ -34,6 +35,7 @@ models latency only (`models_energy: false`).
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
@@ -48,6 +50,8 @@ from .layers import OPS, LayerSpec
 LUT_COLUMNS = ("op", "in_ch", "out_ch", "in_h", "in_w", "out_h", "out_w", "kernel_h", "kernel_w", "stride",
                "groups", "w_bits", "a_bits", "fn", "latency_ms")
 ENERGY_COLUMN = "energy_mj"
+DEQUANTIZED_COLUMN = "dequantized"  # optional, 0 or 1 (LayerSpec.dequantized)
+OPTIONAL_COLUMNS = (DEQUANTIZED_COLUMN, ENERGY_COLUMN)
 _INT_COLUMNS = LUT_COLUMNS[1:13]
 REGRESSORS = ("additive", "ridge", "boost", "nearest")
 MIN_ROWS = {"additive": 1, "ridge": 12, "boost": 40, "nearest": 5}  # fewest rows each regressor is fitted on
@@ -81,7 +85,8 @@ def layer_from_row(row: dict) -> LayerSpec:
     """The LayerSpec a table row describes (values already converted)."""
     return LayerSpec(row["op"], row["in_ch"], row["out_ch"], (row["in_h"], row["in_w"]),
                      (row["out_h"], row["out_w"]), (row["kernel_h"], row["kernel_w"]), row["stride"],
-                     row["groups"], row["w_bits"], row["a_bits"], fn=row["fn"])
+                     row["groups"], row["w_bits"], row["a_bits"], fn=row["fn"],
+                     dequantized=bool(row.get(DEQUANTIZED_COLUMN, 0)))
 
 
 def row_from_layer(layer: LayerSpec, latency_ms: float, energy_mj: Optional[float] = None) -> dict:
@@ -89,7 +94,7 @@ def row_from_layer(layer: LayerSpec, latency_ms: float, energy_mj: Optional[floa
            "in_w": layer.in_hw[1], "out_h": layer.out_hw[0], "out_w": layer.out_hw[1],
            "kernel_h": layer.kernel[0], "kernel_w": layer.kernel[1], "stride": layer.stride,
            "groups": layer.groups, "w_bits": layer.w_bits, "a_bits": layer.a_bits, "fn": layer.fn,
-           "latency_ms": latency_ms}
+           DEQUANTIZED_COLUMN: int(layer.dequantized), "latency_ms": latency_ms}
     if energy_mj is not None:
         row[ENERGY_COLUMN] = energy_mj
     return row
@@ -109,7 +114,7 @@ def read_lut(path: Path) -> list[dict]:
     if missing:
         raise ConfigError(f"{path}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
                           f"a kernel table needs: "
-                          f"{', '.join(LUT_COLUMNS)} (optional: {ENERGY_COLUMN})")
+                          f"{', '.join(LUT_COLUMNS)} (optional: {', '.join(OPTIONAL_COLUMNS)})")
     reader.fieldnames = header
     has_energy = ENERGY_COLUMN in header
     rows = []
@@ -119,6 +124,11 @@ def read_lut(path: Path) -> list[dict]:
             raise ConfigError(f"{path}: line {line}: op '{row['op']}' is not one of {', '.join(sorted(OPS))}")
         for col in _INT_COLUMNS:
             row[col] = _number(raw[col], int, path, line, col)
+        if DEQUANTIZED_COLUMN in header:
+            flag = (raw[DEQUANTIZED_COLUMN] or "0").strip()
+            if flag not in ("0", "1"):
+                raise ConfigError(f"{path}: line {line}: {DEQUANTIZED_COLUMN} '{flag}' is not 0 or 1")
+            row[DEQUANTIZED_COLUMN] = int(flag)
         for col in ("latency_ms", ENERGY_COLUMN) if has_energy else ("latency_ms",):
             row[col] = _number(raw[col], float, path, line, col)
             if not row[col] > 0:
@@ -142,19 +152,23 @@ def _number(text, kind, path, line, col):
 
 
 def write_lut(path: Path, rows: Sequence[dict]) -> None:
-    columns = list(LUT_COLUMNS) + ([ENERGY_COLUMN] if rows and ENERGY_COLUMN in rows[0] else [])
+    columns = list(LUT_COLUMNS) + [DEQUANTIZED_COLUMN] * any(r.get(DEQUANTIZED_COLUMN) for r in rows) \
+        + [ENERGY_COLUMN] * bool(rows and ENERGY_COLUMN in rows[0])
     with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, columns, extrasaction="ignore", lineterminator="\n")
+        writer = csv.DictWriter(f, columns, restval=0, extrasaction="ignore", lineterminator="\n")
         writer.writeheader()
         for row in rows:
-            writer.writerow({c: (f"{row[c]:.8g}" if isinstance(row[c], float) else row[c]) for c in columns})
+            writer.writerow({c: (f"{row[c]:.8g}" if isinstance(row[c], float) else row[c]) for c in columns if c in row})
 
 
 def kernel_type(layer: LayerSpec) -> str:
     """What a regressor is fitted per: the op, convs split into dense and depthwise, and
-    the bit widths where they are not float32 (quantized kernels are other kernels)."""
+    the bit widths where they are not float32 (quantized kernels are other kernels, and
+    those that run dequantized others again)."""
     name = "conv_dw" if layer.op == "conv" and layer.groups == layer.in_ch and layer.groups > 1 else layer.op
-    return name if (layer.w_bits, layer.a_bits) == (32, 32) else f"{name}_w{layer.w_bits}a{layer.a_bits}"
+    if (layer.w_bits, layer.a_bits) == (32, 32):
+        return name
+    return f"{name}_w{layer.w_bits}a{layer.a_bits}" + ("_dq" if layer.dequantized else "")
 
 
 # Activations runtimes do not fuse into a conv or linear kernel: an extra pass over the output.
@@ -385,11 +399,13 @@ class LutDevice(CostModel):
         if key in self._exact:
             values, how = self._exact[key], "table"
         else:
-            models = self._models.get(kernel_type(layer))
-            if models is None:
+            ktype = kernel_type(layer)
+            if ktype not in self._models and layer.dequantized:  # a table without such kernels: as if fused
+                ktype = kernel_type(replace(layer, dequantized=False))
+            if ktype not in self._models:
                 return None
-            values = tuple(float(np.exp(m.predict([layer])[0])) for m in models)
-            how = f"{self.chosen[kernel_type(layer)]} regressor"
+            values = tuple(float(np.exp(m.predict([layer])[0])) for m in self._models[ktype])
+            how = f"{self.chosen[ktype]} regressor"
         per_layer = self.spec.overhead.per_layer_ms
         return LayerCost(max(values[0] + per_layer, 0.0), values[1] if self.models_energy else None, how)
 

@@ -755,6 +755,7 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     outputs = {o.name for o in model.graph.output}
     g = Graph(model, _fuse_patterns(nodes, const, PATTERNS if patterns is None else patterns, outputs), const)
     unsupported: Counter = Counter()
+    made_by: list[Node] = []  # the node each layer comes from
     for node in g.nodes:
         if all(o in const for o in node.outputs):
             continue  # computed on constants alone: folded when the model loads
@@ -768,7 +769,37 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
             unsupported[node.op_type] += 1
             continue
         g.layers.extend(layers)
+        made_by.extend([node] * len(layers))
         if layers:
             for name in node.outputs:
                 g.layer_of[name] = len(g.layers) - 1
+    for i, node in enumerate(made_by):
+        if _runs_dequantized(g, i, node):
+            g.layers[i] = replace(g.layers[i], dequantized=True)
     return ImportResult(g.layers, unsupported, count, fixed, notes)
+
+
+def _runs_dequantized(g: Graph, i: int, node: Node) -> bool:
+    """Whether layer `i` (made from `node`) is a QDQ group that runtimes cannot fuse into
+    one integer kernel: one of the quantized tensors it reads (out of a DequantizeLinear)
+    has other readers, or its output has another reader than one QuantizeLinear whose
+    values each reach one node.  Max pooling runs on the quantized values either way."""
+    layer = g.layers[i]
+    if min(layer.w_bits, layer.a_bits) >= 32 or layer.op == "data" or (layer.op, layer.fn) == ("pool", "max"):
+        return False
+    data = [x for x in dict.fromkeys(node.inputs) if x and not g.is_const(x)]
+    quantized = [x for x in data if (p := g.producer.get(x)) is not None and p.op_type == "DequantizeLinear"]
+    if not quantized:
+        return False
+    if any(len(g.consumers.get(x, ())) > 1 for x in quantized):
+        return True
+    for name in (t for t, j in g.layer_of.items() if j == i):
+        readers = [c for c in g.consumers.get(name, ()) if any(g.layer_of.get(o) != i for o in c.outputs)]
+        if not readers:
+            continue
+        if len(readers) > 1 or readers[0].op_type != "QuantizeLinear":
+            return True
+        again = g.consumers.get(readers[0].outputs[0], ())
+        if len(again) > 1 or any(len(g.consumers.get(d.outputs[0], ())) > 1 for d in again):
+            return True
+    return False

@@ -516,7 +516,7 @@ class _Blocks:
 
 def random_network(rng: np.random.Generator, max_macs: float = 1e8):
     """A random context network (an onnx.ModelProto) and a short description of it."""
-    family = _pick(rng, ("cnn", "cnn", "cnn", "cnn", "int8", "transformer", "unet"))
+    family = _pick(rng, ("cnn", "cnn", "cnn", "cnn", "int8", "int8", "transformer", "unet"))
     budget = float(np.exp(rng.uniform(np.log(1e6), np.log(max_macs))))
     size = _pick(rng, SIZES)
     if family == "transformer":
@@ -886,7 +886,7 @@ def _slower_by(m: MeasuredNetwork, factor: float) -> MeasuredNetwork:
                            m.energy_mj)
 
 
-def profile_machine(name: str, protocol: Protocol, kernels: int = 5000, seed: int = 0, chunk: int = 80,
+def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: int = 0, chunk: int = 80,
                     references: int = 3, on_progress: Optional[Callable[[int, int, str], None]] = None):
     """Build context networks until they hold `kernels` kernels, measure them `chunk` at a
     time (interleaved: a busy spell slows every network of a chunk alike, and the minimum

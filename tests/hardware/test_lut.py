@@ -111,3 +111,22 @@ def test_features_grade_channel_alignment_to_vector_blocks():
     col = FEATURES.index("out_ch_align")
     levels = features([conv(c, c, 8, groups=c) for c in (58, 116, 24, 48, 96)])[:, col]
     assert list(levels) == [1, 2, 3, 4, 4]  # 2, 4, 8 and whole blocks of 16
+
+
+def test_kernels_that_run_dequantized_are_priced_apart_or_as_fused(rows, tmp_path):
+    from dataclasses import replace
+
+    fused = [row_from_layer(conv(c, c, 16, bits=8), 1e-3 * c) for c in (8, 16, 32, 64)]
+    apart = [{**r, "dequantized": 1, "latency_ms": 4 * r["latency_ms"]} for r in fused]
+    write_lut(tmp_path / "lut.csv", rows + fused + apart)
+    table = read_lut(tmp_path / "lut.csv")
+    assert sum(r.get("dequantized", 0) for r in table) == 4
+    layer = conv(24, 24, 16, bits=8)
+    both, fused_only = device(table), device(rows + fused)
+    assert both.estimate([replace(layer, dequantized=True)]).latency_ms > 2 * both.estimate([layer]).latency_ms
+    # A table without dequantized kernels prices them as fused ones.
+    assert fused_only.estimate([replace(layer, dequantized=True)]).latency_ms == \
+        pytest.approx(fused_only.estimate([layer]).latency_ms)
+    (tmp_path / "bad.csv").write_text((tmp_path / "lut.csv").read_text().replace(",1\n", ",yes\n", 1))
+    with pytest.raises(ConfigError, match="dequantized 'yes' is not 0 or 1"):
+        read_lut(tmp_path / "bad.csv")

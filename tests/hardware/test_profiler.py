@@ -53,6 +53,52 @@ def test_int8_networks_carry_quantized_bit_widths_and_tags(tmp_path):
     assert kernel_type(layers[0]) == "conv_w8a8"
 
 
+def ort_float_nodes(path, tmp_path) -> set[str]:
+    """The names of the model's nodes that onnxruntime runs as they are (not fused into
+    another op, which may keep the name)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    source = {(n.name, n.op_type) for n in onnx.load(str(path)).graph.node}
+    return {n.name for n in onnx.load(options.optimized_model_filepath).graph.node if (n.name, n.op_type) in source}
+
+
+def test_quantized_layers_onnxruntime_cannot_fuse_run_dequantized(tmp_path):
+    # A residual block: the block's input feeds a conv and the add, so neither the conv
+    # reading it, the conv writing it, nor the add fuses into an integer kernel.
+    rng = np.random.default_rng(0)
+    b = NetBuilder(rng, (1, 3, 16, 16))
+    x = b.conv(b.conv("input", 16, 3, act="relu"), 16, 3, act="relu")
+    y = b.add(b.conv(b.conv(x, 16, 3, act="relu"), 16, 3), x)
+    y = b.conv(b.conv(y, 16, 3, act="relu"), 16, 1)
+    path = tmp_path / "q.onnx"
+    path.write_bytes(quantize(b.model(y), rng).SerializeToString())
+    layers = import_onnx(path).layers
+    assert [(l.op, l.dequantized) for l in layers] == [
+        ("conv", False), ("conv", True), ("conv", True), ("conv", False), ("add", True), ("conv", False),
+        ("conv", False)]
+    ran_apart = ort_float_nodes(path, tmp_path)
+    assert [l.name in ran_apart for l in layers] == [l.dequantized for l in layers]
+    assert kernel_type(layers[1]) == "conv_w8a8_dq" and kernel_type(layers[0]) == "conv_w8a8"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dequantized_marks_match_what_onnxruntime_fuses_in_context_networks(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    model, _ = random_network(rng, max_macs=5e6)
+    while not any(n.op_type == "DequantizeLinear" for n in model.graph.node):
+        model, _ = random_network(rng, max_macs=5e6)
+    path = tmp_path / "net.onnx"
+    path.write_bytes(model.SerializeToString())
+    ran_apart = ort_float_nodes(path, tmp_path)
+    source = {n.name for n in model.graph.node}
+    fusable = [l for l in import_onnx(path).layers if l.op in ("conv", "linear", "add", "concat") and l.name in source]
+    assert fusable and [l.name in ran_apart for l in fusable] == [l.dequantized for l in fusable]
+
+
 def layer(tag):
     return LayerSpec("conv", 8, 8, (8, 8), (8, 8), name=f"k{tag}:conv_0")
 
