@@ -69,6 +69,7 @@ class Evaluator:
         self.space = pin_knobs(co_search(space, self.device, cfg.device) if cfg.co_search else space, cfg.pin)
         self.net_space = space if cfg.co_search else self.space  # the knobs accuracy depends on
         self._outcomes: dict[str, tuple[float, list[float]]] = {}
+        self._exit_accuracies: dict[str, list[float]] = {}  # trained networks: each active exit's own accuracy
         self.latency_table = ArchTable(cfg.device, self.space) if is_table(cfg.device) else None
         models_energy = self.device is not None and self.device.models_energy
         if not models_energy and {"energy_mj", "edp", "exit_overhead", "dynamic_efficiency"} & set(cfg.objectives):
@@ -154,7 +155,8 @@ class Evaluator:
     def columns(self) -> list[str]:
         hardware = ["area_mm2", "weight_capacity_kib"] if self.cfg.co_search else []
         return ["trial", "arch", "accuracy", "latency_ms", "energy_mj", "edp", "params", "macs", "weight_kib",
-                *hardware, *[f"exit_rate_{e}" for e in self.exits], "exit_overhead", "dynamic_efficiency",
+                *hardware, *[f"exit_rate_{e}" for e in self.exits], *[f"exit_acc_{e}" for e in self.exits],
+                "exit_overhead", "dynamic_efficiency",
                 "feasible", "train_s"]
 
     def resolved(self) -> dict:
@@ -195,6 +197,7 @@ class Evaluator:
         from .evaluation.train import evaluate
 
         res = evaluate(self.net_space, net, self.dataset, self.settings, seed=candidate_seed(self.cfg.seed, key))
+        self._exit_accuracies[key] = res.exit_accuracies
         return res.accuracy, res.exit_rates
 
     def row(self, arch: dict, accuracy: float, rates: list[float], train_s: float) -> dict:
@@ -221,13 +224,16 @@ class Evaluator:
                 efficiency = dynamic_efficiency(latency * energy, static_latency * static_energy)
         exit_rates = dict.fromkeys(self.exits, 0.0)
         exit_rates.update(zip(active, rates))
+        net = CoSearchSpace.split(arch)[0] if self.cfg.co_search else arch
+        exit_accuracies = dict(zip(active, self._exit_accuracies.get(arch_key(net), [])))
         row = {"arch": key, "accuracy": accuracy, "latency_ms": latency, "energy_mj": energy,
                "edp": None if energy is None else latency * energy,
                "params": sum(layer.params for layer in layers), "macs": sum(layer.macs for layer in layers),
                "weight_kib": sum(layer.weight_bytes for layer in layers) / 1024,
                **({"area_mm2": device.spec.area_mm2, "weight_capacity_kib": device.weight_capacity_bytes / 1024}
                   if self.cfg.co_search else {}),
-               **{f"exit_rate_{e}": p for e, p in exit_rates.items()}, "exit_overhead": overhead,
+               **{f"exit_rate_{e}": p for e, p in exit_rates.items()},
+               **{f"exit_acc_{e}": a for e, a in exit_accuracies.items()}, "exit_overhead": overhead,
                "dynamic_efficiency": efficiency, "train_s": train_s}
         row["feasible"] = all(c.violation(row) <= 0 for c in self.constraints)
         return row

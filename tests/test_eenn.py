@@ -72,6 +72,9 @@ def test_preset_search_records_exit_metrics_and_a_pinned_static_baseline(tmp_pat
         assert overhead >= 0 and efficiency < 1
         if float(r["exit_rate_final"]) == 1.0:      # no input leaves early: heads are pure overhead
             assert (overhead > 0) == any(json.loads(r["arch"])[f"exit_s{i}"] for i in (1, 2))
+        # each exit's own accuracy, for the exits the network has
+        assert [r[f"exit_acc_s{i}"] != "" for i in (1, 2)] == [bool(json.loads(r["arch"])[f"exit_s{i}"]) for i in (1, 2)]
+        assert all(0 <= float(r[f"exit_acc_{e}"]) <= 100 for e in ("s1", "s2", "final") if r[f"exit_acc_{e}"])
     result = search("--preset", "eenn", *TINY, "--pin", STATIC_INT8, "--run-dir", str(tmp_path / "static"))
     assert result.exit_code == 0, result.output
     assert yaml.safe_load((tmp_path / "static" / "config.yaml").read_text())["pin"]["backbone_bits"] == 8
