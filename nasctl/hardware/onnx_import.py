@@ -773,14 +773,18 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
         if layers:
             for name in node.outputs:
                 g.layer_of[name] = len(g.layers) - 1
+    written: dict[int, list[str]] = {}  # layer -> the tensors it produces
+    for name, i in g.layer_of.items():
+        written.setdefault(i, []).append(name)
     for i, node in enumerate(made_by):
-        if _runs_dequantized(g, i, node):
+        if _runs_dequantized(g, i, node, written.get(i, [])):
             g.layers[i] = replace(g.layers[i], dequantized=True)
     return ImportResult(g.layers, unsupported, count, fixed, notes)
 
 
-def _runs_dequantized(g: Graph, i: int, node: Node) -> bool:
-    """Whether layer `i` (made from `node`) is a QDQ group that runtimes cannot fuse into
+def _runs_dequantized(g: Graph, i: int, node: Node, written: Sequence[str]) -> bool:
+    """Whether layer `i` (made from `node`, writing the tensors `written`, those of the
+    nodes fused into it included) is a QDQ group that runtimes cannot fuse into
     one integer kernel: one of the quantized tensors it reads (out of a DequantizeLinear)
     has other readers, or its output has another reader than one QuantizeLinear whose
     values each reach one node.  Max pooling runs on the quantized values either way."""
@@ -793,7 +797,7 @@ def _runs_dequantized(g: Graph, i: int, node: Node) -> bool:
         return False
     if any(len(g.consumers.get(x, ())) > 1 for x in quantized):
         return True
-    for name in (t for t, j in g.layer_of.items() if j == i):
+    for name in written:
         readers = [c for c in g.consumers.get(name, ()) if any(g.layer_of.get(o) != i for o in c.outputs)]
         if not readers:
             continue
