@@ -99,7 +99,8 @@ def _layer_table(rows: list[dict]) -> Table:
         kernel = "x".join(map(str, s["kernel"]))
         table.add_row(r["name"], f"{r['op']}:{r['fn']}" if r["fn"] else r["op"],
                       f"{'x'.join(map(str, s['in']))} → {'x'.join(map(str, s['out']))}",
-                      f"{kernel}/{s['stride']}/{s['groups']}", f"{r['bits']['w']}/{r['bits']['a']}{' dq' if r['dequantized'] else ''}",
+                      f"{kernel}/{s['stride']}/{s['groups']}",
+                      f"{r['bits']['w']}/{r['bits']['a']}" + (" dq" if r["dequantized"] else ""),
                       f"{r['macs']:,}", _scaled(r["latency_ms"]), _scaled(r["energy_mj"]), r["mapping"])
     return table
 

@@ -158,7 +158,7 @@ def write_lut(path: Path, rows: Sequence[dict]) -> None:
         writer = csv.DictWriter(f, columns, restval=0, extrasaction="ignore", lineterminator="\n")
         writer.writeheader()
         for row in rows:
-            writer.writerow({c: (f"{row[c]:.8g}" if isinstance(row[c], float) else row[c]) for c in columns if c in row})
+            writer.writerow({c: f"{v:.8g}" if isinstance(v, float) else v for c in columns if (v := row.get(c)) is not None})
 
 
 def kernel_type(layer: LayerSpec) -> str:
