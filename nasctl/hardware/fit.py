@@ -42,7 +42,8 @@ together (`--lut` and `--models`) calibrate the table against the end-to-end tim
 scale per kernel type, a per-layer and a per-model overhead (`calibrate`) - what
 `nasctl hw profile` does with the kernels and networks it measures.
 
-The device is written to the workspace as `hardware/NAME/spec.yaml` + `lut.csv`.
+The device is written to the workspace as `hardware/NAME/spec.yaml` + `lut.csv`, with the
+fitted boosted trees in `regressors.json`.
 """
 
 from __future__ import annotations
@@ -78,13 +79,15 @@ class FittedDevice:
 
 
 def write_device(folder: Path, fitted: FittedDevice) -> Path:
-    """Write `spec.yaml` and `lut.csv` into `folder`; returns the spec's path."""
+    """Write `spec.yaml`, `lut.csv` and the fitted boosted trees (`regressors.json`) into
+    `folder`; returns the spec's path."""
     import yaml
 
     folder.mkdir(parents=True, exist_ok=True)
     write_lut(folder / fitted.spec.get("lut", "lut.csv"), fitted.rows)
     spec_path = folder / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(fitted.spec, sort_keys=False, width=100), encoding="utf-8")
+    LutDevice.from_dict({"name": fitted.name, **fitted.spec}, folder).save_regressors()
     return spec_path
 
 

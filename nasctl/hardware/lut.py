@@ -8,8 +8,8 @@ measured cost in context; the columns (`LUT_COLUMNS`, optionally `energy_mj`) ar
 documented in `nasctl.hardware.fit` and `nasctl hw fit --help`.
 
 Pricing a layer: a row with the layer's exact shape (`LayerSpec.shape_key`) gives its
-cost as stored; any other layer is priced by a regressor fitted, when the device loads,
-to the rows of its kernel type (the op; convs split into dense and depthwise; quantized
+cost as stored; any other layer is priced by a regressor fitted (the first time the device
+needs it) to the rows of its kernel type (the op; convs split into dense and depthwise; quantized
 kernels apart from float ones, and those that run dequantized apart again - priced as
 fused ones where the table has none) on log-scale features - MACs, elements read and
 written, weights, channels, positions, kernel area, stride, groups, bit widths, channel
@@ -24,7 +24,9 @@ chosen by `nasctl hw fit` / `hw profile` by cross-validated error):
   nearest   the time per unit of work of the 5 most similar measured kernels.
 
 Types the spec does not name get `additive`.  A layer whose kernel type has no rows at
-all is reported as unsupported.
+all is reported as unsupported.  Boosted trees take seconds to fit: `nasctl hw profile`
+and `hw fit` save them beside the table (`regressors.json`: plain arrays, tied to the
+table's SHA-256), and a device whose table changed since refits them.
 
 Every priced layer also pays `overhead.per_layer_ms`, and the first layer of a list
 carries `overhead.per_model_ms`, the fixed cost of one inference run; both are fitted
@@ -35,6 +37,8 @@ models latency only (`models_energy: false`).
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
@@ -42,7 +46,7 @@ from typing import Any, Literal, Optional, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, NonNegativeFloat
 
-from .. import workspace
+from .. import trees, workspace
 from ..errors import ConfigError, UsageError
 from .base import CostModel, CostReport, LayerCost
 from .layers import OPS, LayerSpec
@@ -55,6 +59,7 @@ OPTIONAL_COLUMNS = (DEQUANTIZED_COLUMN, ENERGY_COLUMN)
 _INT_COLUMNS = LUT_COLUMNS[1:13]
 REGRESSORS = ("additive", "ridge", "boost", "nearest")
 MIN_ROWS = {"additive": 1, "ridge": 12, "boost": 40, "nearest": 5}  # fewest rows each regressor is fitted on
+REGRESSORS_FILE = "regressors.json"  # boosted trees fitted to the table, beside it
 
 
 class _Strict(BaseModel):
@@ -216,7 +221,7 @@ def _terms(layers: Sequence[LayerSpec]) -> np.ndarray:
                       l.out_elems * (l.fn in _UNFUSED)] for l in layers], dtype=float).reshape(len(layers), 5)
 
 
-# --- regressors (log latency from layers; fitted at load time, nothing pickled) --------
+# --- regressors (log latency from layers; fitted on first use, nothing pickled) ----
 
 class _Ridge:
     """Regularised linear model of log latency on the log-scale features."""
@@ -229,6 +234,14 @@ class _Ridge:
         reg = 1e-2 * len(X) * np.eye(Z.shape[1])
         reg[-1, -1] = 0.0
         self.w = np.linalg.solve(Z.T @ Z + reg, Z.T @ y)
+        return self
+
+    @property
+    def state(self) -> dict:
+        return {"mu": self.mu.tolist(), "sd": self.sd.tolist(), "w": self.w.tolist()}
+
+    def restore(self, state: dict):
+        self.mu, self.sd, self.w = (np.array(state[k]) for k in ("mu", "sd", "w"))
         return self
 
     def predict(self, layers):
@@ -247,6 +260,14 @@ class _Additive:
         self.w = nnls(A / scale / t[:, None], np.ones(len(t)), maxiter=1000)[0] / scale
         return self
 
+    @property
+    def state(self) -> dict:
+        return {"w": self.w.tolist()}
+
+    def restore(self, state: dict):
+        self.w = np.array(state["w"])
+        return self
+
     def predict(self, layers):
         return np.log(np.maximum(_terms(layers) @ self.w, 1e-9))
 
@@ -254,26 +275,32 @@ class _Additive:
 class _Boost:
     """Gradient-boosted trees on the log-scale features predicting the log of the time per
     unit of work (MACs with channels padded to vector blocks, else elements moved): a
-    smooth target, and beyond the measured sizes the rate of the nearest ones holds."""
+    smooth target, and beyond the measured sizes the rate of the nearest ones holds.
+    Kept as plain arrays (`nasctl.trees`): `state` is what `regressors.json` stores."""
 
     def fit(self, layers, y):
-        from sklearn.ensemble import HistGradientBoostingRegressor
+        from sklearn.ensemble import GradientBoostingRegressor
 
-        self.trees = HistGradientBoostingRegressor(loss="absolute_error", max_iter=300, learning_rate=0.1,
-                                                   min_samples_leaf=3, random_state=0)
-        self.trees.fit(features(layers), y - np.log(_work(layers)))
+        model = GradientBoostingRegressor(loss="absolute_error", n_estimators=300, learning_rate=0.1, max_depth=5,
+                                          min_samples_leaf=3, random_state=0)
+        return self.restore(trees.export(model.fit(features(layers), y - np.log(_work(layers)))))
+
+    def restore(self, state: dict):
+        self.state, self.ensemble = state, trees.Ensemble(state)
         return self
 
     def predict(self, layers):
-        return np.log(_work(layers)) + self.trees.predict(features(layers))
+        return np.log(_work(layers)) + self.ensemble.predict(features(layers))
 
 
 class _Nearest:
     """Priced like the most similar measured kernels: the throughput (work per ms) of the k
     nearest rows in the standardised log-feature space, distance-weighted, times this
-    kernel's work (MACs with channels padded to vector blocks, else elements moved)."""
+    kernel's work (MACs with channels padded to vector blocks, else elements moved).
+    Its state is the rows themselves: refitted from the table, not saved."""
 
     k = 5
+    state = None
 
     def fit(self, layers, y):
         X = features(layers)
@@ -361,14 +388,11 @@ class LutDevice(CostModel):
             layer = layer_from_row(same[0])
             self._rows.setdefault(kernel_type(layer), []).append({**same[0], **dict(zip(self.targets, self._exact[key]))})
         self.chosen: dict[str, str] = {}
-        self._models: dict[str, list] = {}
         for ktype, group in self._rows.items():
-            layers = [layer_from_row(r) for r in group]
             kind = spec.regressors.get(ktype, "additive")
-            if len(group) < MIN_ROWS[kind]:
-                kind = "additive"
-            self.chosen[ktype] = kind
-            self._models[ktype] = [fit_regressor(kind, layers, np.array([r[t] for r in group])) for t in self.targets]
+            self.chosen[ktype] = kind if len(group) >= MIN_ROWS[kind] else "additive"
+        self._models: dict[str, list] = {}  # fitted on first use (or restored from regressors.json)
+        self._saved = self._read_saved()
         self._cache: dict[tuple, Optional[LayerCost]] = {}
 
     @classmethod
@@ -389,27 +413,81 @@ class LutDevice(CostModel):
             raise ConfigError(f"{spec.name}: its kernel table {path} does not exist")
         return cls(spec, read_lut(path), path)
 
+    # -- regressors: fitted when first needed; boosted trees kept beside the table -------
+    def _table_hash(self) -> Optional[str]:
+        return None if self.source is None else hashlib.sha256(Path(self.source).read_bytes()).hexdigest()
+
+    def _read_saved(self) -> dict:
+        """The regressors saved for exactly this table and these targets, by kernel type."""
+        path = None if self.source is None else Path(self.source).parent / REGRESSORS_FILE
+        if path is None or not path.is_file():
+            return {}
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if data.get("format") != 1 or data.get("table") != self._table_hash() or data.get("targets") != self.targets:
+            return {}
+        return data.get("types", {})
+
+    def _regressors(self, ktype: str) -> list:
+        if ktype not in self._models:
+            kind, group = self.chosen[ktype], self._rows[ktype]
+            saved = self._saved.get(ktype, {})
+            if saved.get("kind") == kind:
+                self._models[ktype] = [_MAKERS[kind]().restore(state) for state in saved["states"]]
+            else:
+                layers = [layer_from_row(r) for r in group]
+                self._models[ktype] = [fit_regressor(kind, layers, np.array([r[t] for r in group]))
+                                       for t in self.targets]
+        return self._models[ktype]
+
+    def save_regressors(self) -> Path:
+        """Fit every kernel type and write the regressors beside the table
+        (`regressors.json`, tied to the table's hash), so that pricing needs no fitting
+        (nearest-neighbour ones excepted: they are the rows themselves)."""
+        types = {k: {"kind": self.chosen[k], "states": [m.state for m in self._regressors(k)]}
+                 for k in self._rows if self.chosen[k] != "nearest"}
+        path = Path(self.source).parent / REGRESSORS_FILE
+        path.write_text(json.dumps({"format": 1, "table": self._table_hash(), "targets": self.targets,
+                                    "types": types}), encoding="utf-8")
+        return path
+
     def _layer_cost(self, layer: LayerSpec) -> Optional[LayerCost]:
         key = layer.shape_key()
         if key not in self._cache:
-            self._cache[key] = self._price(layer, key)
+            self._price_new([layer])
         return self._cache[key]
 
-    def _price(self, layer: LayerSpec, key: tuple) -> Optional[LayerCost]:
-        if key in self._exact:
-            values, how = self._exact[key], "table"
-        else:
+    def _price_new(self, layers: Sequence[LayerSpec]) -> None:
+        """Price the layers of shapes not priced before: table hits as stored, the others
+        by their kernel type's regressors, one batch per type."""
+        todo: dict[str, dict[tuple, LayerSpec]] = {}
+        for layer in layers:
+            key = layer.shape_key()
+            if key in self._cache:
+                continue
+            if key in self._exact:
+                self._cache[key] = self._cost(self._exact[key], "table")
+                continue
             ktype = kernel_type(layer)
-            if ktype not in self._models and layer.dequantized:  # a table without such kernels: as if fused
+            if ktype not in self._rows and layer.dequantized:  # a table without such kernels: as if fused
                 ktype = kernel_type(replace(layer, dequantized=False))
-            if ktype not in self._models:
-                return None
-            values = tuple(float(np.exp(m.predict([layer])[0])) for m in self._models[ktype])
-            how = f"{self.chosen[ktype]} regressor"
+            if ktype not in self._rows:
+                self._cache[key] = None
+                continue
+            todo.setdefault(ktype, {})[key] = layer
+        for ktype, batch in todo.items():
+            values = np.exp(np.column_stack([m.predict(list(batch.values())) for m in self._regressors(ktype)]))
+            for key, v in zip(batch, values):
+                self._cache[key] = self._cost(tuple(float(x) for x in v), f"{self.chosen[ktype]} regressor")
+
+    def _cost(self, values: tuple[float, ...], how: str) -> LayerCost:
         per_layer = self.spec.overhead.per_layer_ms
         return LayerCost(max(values[0] + per_layer, 0.0), values[1] if self.models_energy else None, how)
 
     def estimate(self, layers: Sequence[LayerSpec]) -> CostReport:
+        self._price_new(layers)
         report = super().estimate(layers)
         run = self.spec.overhead.per_model_ms
         if report.costs and run:

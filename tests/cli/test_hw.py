@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import numpy as np
 import yaml
@@ -112,3 +114,16 @@ def test_quick_profile_writes_the_local_device(ws):
 
 def test_profile_without_a_workspace_is_one_line():
     one_line_error(invoke("hw", "profile", "--kernels", 20), 2, "no workspace")
+
+
+def test_predicting_on_a_fitted_device_loads_its_saved_regressors(ws, tmp_path):
+    # `hw fit` saves the fitted regressors: pricing needs neither scikit-learn nor scipy
+    invoke("--workspace", ws, "hw", "fit", "--device", "phone", "--lut", lut_csv(tmp_path / "k.csv"))
+    assert (ws / "hardware" / "phone" / "regressors.json").is_file()
+    code = ("import sys\nfrom nasctl.cli import main\n"
+            f"sys.argv = ['nasctl', '--workspace', {str(ws)!r}, 'predict', {str(tiny_model(tmp_path / 'a.onnx', 8))!r}, "
+            "'--device', 'phone']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(sorted(m for m in ('torch', 'sklearn', 'scipy.optimize') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "latency" in out and out.strip().splitlines()[-1] == "[]"

@@ -130,3 +130,27 @@ def test_kernels_that_run_dequantized_are_priced_apart_or_as_fused(rows, tmp_pat
     (tmp_path / "bad.csv").write_text((tmp_path / "lut.csv").read_text().replace(",1\n", ",yes\n", 1))
     with pytest.raises(ConfigError, match="dequantized 'yes' is not 0 or 1"):
         read_lut(tmp_path / "bad.csv")
+
+
+def test_fitted_regressors_are_saved_beside_the_table_and_reused_only_for_it(tmp_path, rows):
+    import json
+
+    from nasctl.hardware.fit import FittedDevice, write_device
+
+    spec = {"kind": "lut", "lut": "lut.csv", "regressors": {"conv": "boost", "add": "ridge"}}
+    write_device(tmp_path, FittedDevice("t", spec, rows))
+    saved = json.loads((tmp_path / "regressors.json").read_text())
+    # (three add rows are too few for ridge: additive)
+    assert saved["types"]["conv"]["kind"] == "boost" and saved["types"]["add"]["kind"] == "additive"
+    unseen = [conv(48, 96, 24), conv(20, 40, 12, k=1), LayerSpec("add", 32, 32, (12, 12), (12, 12))]
+    fitted = device(read_lut(tmp_path / "lut.csv"), **spec).estimate(unseen)  # fitted from the table
+    loaded = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
+    assert loaded._saved  # the saved regressors are used: no fitting
+    assert loaded.estimate(unseen).latency_ms == pytest.approx(fitted.latency_ms, rel=1e-9)
+    # another table (one row's time changed) ignores them and refits
+    changed = [{**rows[0], "latency_ms": rows[0]["latency_ms"] * 2}, *rows[1:]]
+    write_lut(tmp_path / "lut.csv", changed)
+    again = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
+    assert not again._saved
+    refitted = device(read_lut(tmp_path / "lut.csv"), **spec).estimate(unseen)
+    assert again.estimate(unseen).latency_ms == pytest.approx(refitted.latency_ms, rel=1e-9)
