@@ -28,6 +28,7 @@ class SearchConfig(BaseModel):
                                             # modelled; and area_mm2 with co_search
     budget: int = Field(default=40, ge=1)
     epochs: int = Field(default=5, ge=1)
+    repeats: int = Field(default=1, ge=1)  # trainings per candidate (other seeds): its outcome is their mean
     batch_size: int = Field(default=64, ge=1)
     lr: float = Field(default=5e-3, gt=0)
     exit_tolerance: float = Field(default=1.0, ge=0)

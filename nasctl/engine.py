@@ -196,9 +196,12 @@ class Evaluator:
             return self.acc_model([net])[0]
         from .evaluation.train import evaluate
 
-        res = evaluate(self.net_space, net, self.dataset, self.settings, seed=candidate_seed(self.cfg.seed, key))
-        self._exit_accuracies[key] = res.exit_accuracies
-        return res.accuracy, res.exit_rates
+        runs = [evaluate(self.net_space, net, self.dataset, self.settings,
+                         seed=candidate_seed(self.cfg.seed, key if r == 0 else f"{key}#{r}"))
+                for r in range(self.cfg.repeats)]
+        self._exit_accuracies[key] = np.mean([res.exit_accuracies for res in runs], axis=0).tolist()
+        return (float(np.mean([res.accuracy for res in runs])),
+                np.mean([res.exit_rates for res in runs], axis=0).tolist())
 
     def row(self, arch: dict, accuracy: float, rates: list[float], train_s: float) -> dict:
         """The trials.csv row of `arch` given its accuracy and exit rates: costs on the

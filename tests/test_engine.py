@@ -130,3 +130,37 @@ def test_a_second_machine_joins_with_storage_and_study(tmp_path):
     archs = [t.user_attrs["arch"] for t in study.trials]
     assert len(archs) == 4 and len(set(archs)) == 4
     assert len(rows(tmp_path / "m2")) == 4  # the joiner's trials.csv holds the whole study
+
+
+def test_repeats_average_trainings_with_other_seeds(tmp_path, monkeypatch):
+    from nasctl.engine import candidate_seed
+    from nasctl.evaluation import train
+
+    seeds = []
+    real = train.evaluate
+
+    def recorded(*a, **k):
+        seeds.append(k["seed"])
+        return real(*a, **k)
+
+    monkeypatch.setattr(train, "evaluate", recorded)
+    run = tmp_path / "run"
+    result = search("--budget", "2", *FAST, "--seed", "3", "--repeats", "3", "--run-dir", str(run))
+    assert result.exit_code == 0, result.output
+    assert len(seeds) == 6 and len(set(seeds)) == 6  # three trainings a candidate, each with its own seed
+    first = rows(run)[0]
+    assert seeds[0] == candidate_seed(3, first["arch"])  # the first: the seed of a single training
+    # the row holds the mean of the three trainings
+    monkeypatch.setattr(train, "evaluate", real)
+    from nasctl.evaluation.datasets import load_dataset
+    from nasctl.spaces.loader import load_space
+
+    space, data = load_space("ee-mbv2"), load_dataset("digits", 3)
+    arch = json.loads(first["arch"])
+    settings = train.TrainSettings(epochs=1)
+    runs = [real(space, arch, data, settings, seed=s) for s in seeds[:3]]
+    assert float(first["accuracy"]) == pytest.approx(sum(r.accuracy for r in runs) / 3, abs=1e-3)  # 6 digits kept
+    assert float(first["exit_acc_final"]) == pytest.approx(sum(r.exit_accuracies[-1] for r in runs) / 3, abs=1e-3)
+    assert yaml.safe_load((run / "config.yaml").read_text())["repeats"] == 3
+    bad = search("--repeats", "0", "--run-dir", str(tmp_path / "bad"))
+    assert bad.exit_code == 2 and "repeats" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

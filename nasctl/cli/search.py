@@ -30,6 +30,9 @@ def search(
              "and area_mm2 with --co-search]")] = None,
     budget: Annotated[Optional[int], typer.Option(help=f"Candidates to evaluate. {_d('budget')}")] = None,
     epochs: Annotated[Optional[int], typer.Option(help=f"Proxy-training epochs per candidate. {_d('epochs')}")] = None,
+    repeats: Annotated[Optional[int], typer.Option(
+        help=f"Proxy trainings per candidate, with other seeds; accuracy, exit rates and exit accuracies are "
+             f"their mean (less noisy labels, for predictors too). {_d('repeats')}")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help=f"Training batch size. {_d('batch_size')}")] = None,
     lr: Annotated[Optional[float], typer.Option(help=f"Learning rate. {_d('lr')}")] = None,
     seed: Annotated[Optional[int], typer.Option(help=f"Seed of every random choice. {_d('seed')}")] = None,
@@ -103,7 +106,7 @@ def search(
         file_values, source = {**joined, **file_values}, f"study '{study}'"
     cfg = make_config(file_values, source, space=space, device=device, dataset=dataset, accuracy=accuracy,
                       strategy=strategy, objectives=objectives.split(",") if objectives else None,
-                      budget=budget, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
+                      budget=budget, epochs=epochs, repeats=repeats, batch_size=batch_size, lr=lr, seed=seed,
                       train_device=train_device, max_latency_ms=max_latency_ms, max_energy_mj=max_energy_mj,
                       max_params=max_params, max_weight_kib=max_weight_kib, min_accuracy=min_accuracy,
                       accuracy_baseline=accuracy_baseline, max_accuracy_drop=max_accuracy_drop,
