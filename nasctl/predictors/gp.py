@@ -7,6 +7,8 @@ posterior with the optimizer off, which reproduces the predictions exactly."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .base import Predictor
@@ -26,10 +28,13 @@ class GPPredictor(Predictor):
                 + WhiteKernel(0.1, (1e-6, 10.0)))
 
     def _fit(self, X: np.ndarray, Y: np.ndarray) -> None:
+        from sklearn.exceptions import ConvergenceWarning
         from sklearn.gaussian_process import GaussianProcessRegressor
 
-        gp = GaussianProcessRegressor(self._kernel(), n_restarts_optimizer=self.params["restarts"],
-                                      random_state=self.seed).fit(X, Y)
+        with warnings.catch_warnings():  # a hyperparameter at its bound is a fit, not a fault
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            gp = GaussianProcessRegressor(self._kernel(), n_restarts_optimizer=self.params["restarts"],
+                                          random_state=self.seed).fit(X, Y)
         self._posterior(X, Y, gp.kernel_.theta.tolist())
 
     def _posterior(self, X: np.ndarray, Y: np.ndarray, theta: list[float]) -> None:

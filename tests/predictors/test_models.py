@@ -1,6 +1,8 @@
 """Every model kind: learns a smooth target, gives a spread where it has one, and
 predicts identically after save and load (small settings keep these fast)."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -74,3 +76,12 @@ def test_a_fresh_interpreter_loads_and_predicts_identically(nb201, toy_data, tmp
             "for k in ('gp', 'mlp')}))")
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
     assert json.loads(result.stdout) == expected
+
+
+def test_gp_fit_is_quiet_when_a_hyperparameter_ends_at_its_bound(nb201):
+    # pure noise drives the kernel's scale to its lower bound: scikit-learn warns; we do not
+    rng = np.random.default_rng(0)
+    archs = [nb201.sample(rng) for _ in range(30)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_predictor("gp", nb201, seed=0).fit(archs, rng.standard_normal(30))
