@@ -413,7 +413,7 @@ class LutDevice(CostModel):
             raise ConfigError(f"{spec.name}: its kernel table {path} does not exist")
         return cls(spec, read_lut(path), path)
 
-    # -- regressors: fitted when first needed; boosted trees kept beside the table -------
+    # -- regressors: fitted when first needed, or restored from regressors.json ---------
     def _table_hash(self) -> Optional[str]:
         return None if self.source is None else hashlib.sha256(Path(self.source).read_bytes()).hexdigest()
 
