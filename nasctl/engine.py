@@ -88,6 +88,9 @@ class Evaluator:
         if unknown:
             raise UsageError(f"exit_rates: unknown exit(s) {', '.join(unknown)}; early exits of space "
                              f"'{self.space.name}': {', '.join(self.exits[:-1]) or 'none'}")
+        if cfg.repeats > 1 and cfg.accuracy != "proxy":
+            raise UsageError(f"repeats {cfg.repeats}: repeated trainings need accuracy 'proxy', "
+                             f"not '{cfg.accuracy}'")
         self.dataset = self.acc_table = self.acc_model = None
         if cfg.accuracy == "proxy":
             from .evaluation.datasets import load_dataset

@@ -164,3 +164,8 @@ def test_repeats_average_trainings_with_other_seeds(tmp_path, monkeypatch):
     assert yaml.safe_load((run / "config.yaml").read_text())["repeats"] == 3
     bad = search("--repeats", "0", "--run-dir", str(tmp_path / "bad"))
     assert bad.exit_code == 2 and "repeats" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    table = tmp_path / "acc.csv"
+    table.write_text("arch,acc\n")
+    bad = search("--repeats", "2", "--accuracy", f"table:{table}:acc", "--run-dir", str(tmp_path / "bad2"))
+    assert bad.exit_code == 2 and "repeated trainings need accuracy 'proxy'" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1

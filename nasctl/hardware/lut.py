@@ -297,10 +297,9 @@ class _Nearest:
     """Priced like the most similar measured kernels: the throughput (work per ms) of the k
     nearest rows in the standardised log-feature space, distance-weighted, times this
     kernel's work (MACs with channels padded to vector blocks, else elements moved).
-    Its state is the rows themselves: refitted from the table, not saved."""
+    It is the rows themselves: refitted from the table, never saved."""
 
     k = 5
-    state = None
 
     def fit(self, layers, y):
         X = features(layers)
