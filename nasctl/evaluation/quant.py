@@ -31,7 +31,8 @@ def fake_quant_weight(weight: torch.Tensor, bits: int) -> torch.Tensor:
     q_max = 2 ** (bits - 1) - 1
     scale = weight.detach().abs().amax(dim=tuple(range(1, weight.dim()))).clamp_min(1e-8) / q_max
     zero = torch.zeros(weight.shape[0], dtype=torch.int32, device=weight.device)
-    return torch.fake_quantize_per_channel_affine(weight, scale, zero, 0, -q_max, q_max)
+    # torch fake-quantizes float32 only; a float64 network (zero-cost proxies) casts around it
+    return torch.fake_quantize_per_channel_affine(weight.float(), scale.float(), zero, 0, -q_max, q_max).to(weight.dtype)
 
 
 class QConv2d(nn.Conv2d):
@@ -93,7 +94,7 @@ class ActQuant(nn.Module):
         levels = 2 ** self.bits - 1
         scale = ((self.hi - self.lo) / levels).clamp_min(1e-8)
         zero = torch.round(-self.lo / scale).clamp(0, levels).to(torch.int32)
-        return torch.fake_quantize_per_tensor_affine(x, scale, zero, 0, levels)
+        return torch.fake_quantize_per_tensor_affine(x.float(), scale.float(), zero, 0, levels).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"bits={self.bits}"

@@ -113,3 +113,10 @@ def test_rank_target_map_round_trips_and_extends_beyond_the_training_range():
         z = m.forward(Y)
         beyond = m.inverse(np.array([[z[:, 0].max() + 1, z[:, 1].max() + 1], [z[:, 0].min() - 1, z[:, 1].min() - 1]]))
         assert (beyond[0] > Y.max(axis=0)).all() and (beyond[1] < Y.min(axis=0)).all()
+
+
+def test_synflow_stays_finite_where_the_score_passes_float32s_range(nb201):
+    # A deep NB201 cell: with positive weights its output reaches ~1e42, beyond float32.
+    arch = nb201.parse_arch("|nor_conv_1x1~0|+|none~0|nor_conv_3x3~1|+|skip_connect~0|none~1|nor_conv_3x3~2|")
+    score = scores(nb201, [arch], ["synflow"], (3, 32, 32), 10, seed=0)[0, 0]
+    assert np.isfinite(score) and score > np.log(np.finfo(np.float32).max)
