@@ -25,6 +25,12 @@ class NasctlGroup(TyperGroup):
         except typer.TyperException as e:  # usage errors: bad flag, bad value
             if not standalone_mode:
                 raise
+            if type(e).__name__ == "NoArgsIsHelpError":
+                # a group run without a subcommand: not an error. Rich help is already on
+                # stdout (the message is then empty); plain help is the message itself.
+                if e.format_message():
+                    typer.echo(e.format_message())
+                sys.exit(0)
             _fail(e.format_message(), e.exit_code)
         except typer.Abort:
             if not standalone_mode:

@@ -71,3 +71,11 @@ def test_user_errors_are_one_line(args, code, message):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["runs"], ["hw"], ["space"], ["predictor"]])
+def test_group_without_subcommand_prints_help_and_succeeds(args):
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert "Usage" in result.stdout and "Commands" in result.stdout
+    assert result.stderr == ""
