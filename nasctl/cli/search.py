@@ -114,8 +114,9 @@ def search(
                       workers=workers,
                       surrogate=surrogate, screen=screen,
                       exit_policy=exit_policy, exit_tolerance=exit_tolerance,
-                      exit_rates=_assignments("--exit-rates", exit_rates, float),
-                      pin=_assignments("--pin", pin, parse_cell), co_search=co_search)
+                      exit_rates=_assignments("--exit-rates", exit_rates, float, "s1=0.3,s2=0.2"),
+                      pin=_assignments("--pin", pin, parse_cell, "exit_s1=0,exit_s2=0,backbone_bits=8"),
+                      co_search=co_search)
     if print_config:
         import yaml
 
@@ -134,8 +135,9 @@ def search(
     out.print(f"Run folder: {result.run_dir}")
 
 
-def _assignments(flag: str, text: Optional[str], kind) -> Optional[dict]:
-    """`a=1,b=2` as {"a": kind("1"), "b": kind("2")}; a malformed item is a one-line usage error."""
+def _assignments(flag: str, text: Optional[str], kind, example: str) -> Optional[dict]:
+    """`a=1,b=2` as {"a": kind("1"), "b": kind("2")}; a malformed item is a one-line usage error
+    quoting `example`, a valid value of `flag`."""
     if text is None:
         return None
     out = {}
@@ -146,7 +148,7 @@ def _assignments(flag: str, text: Optional[str], kind) -> Optional[dict]:
                 raise ValueError
             out[name.strip()] = kind(value.strip())
         except ValueError:
-            raise typer.BadParameter(f"'{item}' is not NAME=VALUE (e.g. {flag} s1=0.3,s2=0.2)",
+            raise typer.BadParameter(f"'{item}' is not NAME=VALUE (e.g. {flag} {example})",
                                      param_hint=flag) from None
     return out
 

@@ -79,3 +79,16 @@ def test_group_without_subcommand_prints_help_and_succeeds(args):
     assert result.exit_code == 0, result.output
     assert "Usage" in result.stdout and "Commands" in result.stdout
     assert result.stderr == ""
+
+
+@pytest.mark.parametrize("flag, value, example", [
+    ("--pin", "exit_s1", "e.g. --pin exit_s1=0,exit_s2=0,backbone_bits=8"),
+    ("--exit-rates", "s1", "e.g. --exit-rates s1=0.3,s2=0.2"),
+])
+def test_assignment_flags_quote_their_own_example(flag, value, example):
+    result = invoke("search", flag, value, "--print-config")
+    assert result.exit_code == 2, result.output
+    line, = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and f"'{value}' is not NAME=VALUE ({example})" in line
+    # the example itself is accepted
+    assert invoke("search", flag, example.split()[-1], "--print-config").exit_code == 0
