@@ -128,7 +128,10 @@ def open_storage(url: str):
             return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
         return optuna.storages.get_storage(url)
     except Exception as e:  # noqa: BLE001 - SQLAlchemy and optuna raise many kinds here
-        raise UsageError(f"cannot open storage '{url}': {str(e).splitlines()[0]}") from None
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(".")
+        raise UsageError(f"cannot open storage '{url}': {reason}; allowed: an SQLAlchemy database URL "
+                         "(sqlite:///PATH, postgresql://USER:PW@HOST/DB, mysql://USER:PW@HOST/DB) "
+                         "or journal:PATH (an optuna journal file)") from None
 
 
 class TrialStore:
