@@ -103,7 +103,9 @@ def find(folder: str, name: str, what: str) -> Path:
         if e.name == name:
             return e.path
     known = ", ".join(e.name for e in entries(folder)) or "none"
-    raise UsageError(f"unknown {what} '{name}'; known: {known}")
+    # cpu-local is the device `nasctl hw profile` measures by default; none is shipped
+    hint = "; create it with `nasctl hw profile`" if (folder, name) == ("hardware", "cpu-local") else ""
+    raise UsageError(f"unknown {what} '{name}'; known: {known}{hint}")
 
 
 def new_entry(folder: str, name: str, what: str) -> Path:

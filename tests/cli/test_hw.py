@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import yaml
 
 from nasctl.hardware.lut import LUT_COLUMNS
@@ -127,3 +128,17 @@ def test_predicting_on_a_fitted_device_loads_its_saved_regressors(ws, tmp_path):
             "print(sorted(m for m in ('torch', 'sklearn', 'scipy.optimize') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "latency" in out and out.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("args", [["predict", "model.onnx", "--device", "cpu-local"],
+                                  ["search", "--device", "cpu-local", "--print-config"]])
+def test_unprofiled_cpu_local_says_how_to_create_it(ws, args):
+    result = invoke("--workspace", ws, *args)
+    one_line_error(result, 2, "unknown device 'cpu-local'; known: edge-quad")
+    assert result.stderr.strip().endswith("; create it with `nasctl hw profile`")
+
+
+def test_other_unknown_devices_get_no_profile_hint(ws):
+    result = invoke("--workspace", ws, "hw", "show", "nope")
+    one_line_error(result, 2, "unknown device 'nope'; known: edge-quad")
+    assert "hw profile" not in result.stderr
