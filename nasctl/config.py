@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import ConfigError
 from .objectives import check_objectives
-from .specs import validation_message
+from .specs import problem, validation_message
 
 # How an early exit measures its confidence (see nasctl.evaluation.train.confidence).
 EXIT_POLICIES = ("max-softmax", "entropy")
@@ -48,6 +48,8 @@ class SearchConfig(BaseModel):
     storage: Optional[str] = None
     study: Optional[str] = None
     workers: int = Field(default=1, ge=1)
+    threads: Optional[int] = Field(default=None, ge=1)  # torch CPU threads per training (default: see
+                                                        # nasctl.engine.train_threads)
     surrogate: Optional[str] = None  # a predictor model kind screening the proposals
     screen: int = Field(default=5, ge=2)  # candidates proposed per real evaluation with a surrogate
 
@@ -119,11 +121,20 @@ def read_settings(config: Path | None = None, preset: str | None = None) -> tupl
 
 def make_config(file_values: dict | None = None, source: str = "setting", **flags) -> SearchConfig:
     """Validate settings: a config file's values, overridden by the flags given (not None).
-    A bad value raises a one-line ConfigError naming the key (and the file)."""
-    values = {**(file_values or {}), **{k: v for k, v in flags.items() if v is not None}}
+    A bad value raises a one-line ConfigError naming the flag and its value, or the key
+    (and the file)."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    values = {**(file_values or {}), **given}
     try:
         cfg = SearchConfig(**values)
     except ValidationError as e:
+        first = e.errors()[0]
+        key = first["loc"][0] if first["loc"] else None
+        if key in given:
+            value = given[key]
+            shown = (",".join(map(str, value)) if isinstance(value, list) else
+                     ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else value)
+            raise ConfigError(f"--{str(key).replace('_', '-')} {shown}: {problem(first)}") from None
         raise ConfigError(f"{source}: {validation_message(e)}") from None
     if cfg.objectives is None:
         cfg.objectives = ["accuracy", "edp"] if _models_energy(cfg.device) else ["accuracy", "latency_ms"]

@@ -310,10 +310,13 @@ def write_export(rows: Sequence[dict], fmt: str, out: io.TextIOBase) -> None:
         w.writerow([cell(r.get(c)) for c in columns])
 
 
-def display(metric: str, value: float, named: bool = False) -> str:
-    """A metric value in its on-screen unit, e.g. `3.76 µJ·µs` (`EDP 3.76 µJ·µs` if named)."""
-    name, unit, factor = DISPLAY[metric]
-    text = f"{value * factor:.4g} {unit}" if unit else f"{value * factor:,.0f}"
+def display(metric: str, value: float, named: bool = False, unit: bool = True) -> str:
+    """A metric value in its on-screen unit, e.g. `3.76 µJ·µs` (`EDP 3.76 µJ·µs` if named,
+    `3.76` without the unit)."""
+    name, symbol, factor = DISPLAY[metric]
+    v = value * factor
+    text = f"{v:,.0f}" if not symbol or abs(v) >= 1e4 else f"{v:.4g}"  # 30,020 µs, not 3.002e+04
+    text += f" {symbol}" if symbol and unit else ""
     return f"{name} {text}" if named else text
 
 

@@ -25,13 +25,16 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def problem(first: dict) -> str:
+    """What one pydantic error says, without pydantic's prefix for a validator's own message."""
+    return "unknown key" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
+
+
 def validation_message(err: Exception) -> str:
     """The first problem of a pydantic ValidationError as 'key.path: message'."""
     first = err.errors()[0]  # type: ignore[attr-defined]
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    msg = first["msg"]
-    if first["type"] == "extra_forbidden":
-        msg = "unknown key"
+    msg = problem(first)
     more = len(err.errors()) - 1  # type: ignore[attr-defined]
     return f"{loc}: {msg}" + (f" (and {more} more)" if more else "")
 

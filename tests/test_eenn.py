@@ -45,14 +45,15 @@ def test_a_workspace_preset_is_found(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--preset", "nope"], "unknown preset 'nope'; known: eenn"),
-    (["--exit-policy", "margin"], "exit_policy: Value error, 'margin' is not one of: max-softmax, entropy"),
+    (["--exit-policy", "margin"], "--exit-policy margin: 'margin' is not one of: max-softmax, entropy"),
     (["--exit-rates", "s1=lots"], "'s1=lots' is not NAME=VALUE"),
-    (["--exit-rates", "s1=0.7,s2=0.6"], "give each early exit a share between 0 and 1, together at most 1"),
+    (["--batch-size", "0"], "--batch-size 0: Input should be greater than or equal to 1"),
+    (["--exit-rates", "s1=0.7,s2=0.6"], "--exit-rates s1=0.7,s2=0.6: {'s1': 0.7, 's2': 0.6} is not allowed; give each early exit a share between 0 and 1, together at most 1"),
     (["--exit-rates", "s3=0.2"], "exit_rates: unknown exit(s) s3; early exits of space 'ee-mbv2': s1, s2"),
     (["--pin", "depth=2"], "pin: 'depth' is not a knob of space 'ee-mbv2'"),
     (["--pin", "backbone_bits=16"], "knob 'backbone_bits' = 16 is not one of: 32, 8, 4"),
     (["--preset", "eenn", "--device", "table:x.csv:lat"], "models latency only; objectives"),
-    (["--max-weight-kib", "lots"], "max_weight_kib: Value error, 'lots' is not allowed; give KiB > 0, or 'device'"),
+    (["--max-weight-kib", "lots"], "--max-weight-kib lots: 'lots' is not allowed; give KiB > 0, or 'device'"),
     (["--max-weight-kib", "device", "--device", "h100", "--objectives", "accuracy,latency_ms"],
      "max_weight_kib 'device': device 'h100' states no on-chip weight memory"),
 ])

@@ -157,7 +157,7 @@ def test_repeats_average_trainings_with_other_seeds(tmp_path, monkeypatch):
 
     space, data = load_space("ee-mbv2"), load_dataset("digits", 3)
     arch = json.loads(first["arch"])
-    settings = train.TrainSettings(epochs=1)
+    settings = train.TrainSettings(epochs=1, threads=1)  # as the search trains on 8x8 digits
     runs = [real(space, arch, data, settings, seed=s) for s in seeds[:3]]
     assert float(first["accuracy"]) == pytest.approx(sum(r.accuracy for r in runs) / 3, abs=1e-3)  # 6 digits kept
     assert float(first["exit_acc_final"]) == pytest.approx(sum(r.exit_accuracies[-1] for r in runs) / 3, abs=1e-3)
@@ -169,3 +169,16 @@ def test_repeats_average_trainings_with_other_seeds(tmp_path, monkeypatch):
     bad = search("--repeats", "2", "--accuracy", f"table:{table}:acc", "--run-dir", str(tmp_path / "bad2"))
     assert bad.exit_code == 2 and "repeated trainings need accuracy 'proxy'" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_small_inputs_train_on_one_thread_unless_told_otherwise(monkeypatch):
+    from nasctl.config import make_config
+    from nasctl.engine import Evaluator, train_threads
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert Evaluator(make_config(train_device="cpu")).settings.threads == 1  # digits: 8x8 pixels
+    assert Evaluator(make_config(train_device="cpu", threads=3)).settings.threads == 3
+    assert train_threads(make_config(), (3, 32, 32)) is None                # torch's default: one per core
+    assert train_threads(make_config(workers=4), (3, 32, 32)) == 2          # the cores shared among workers
+    assert train_threads(make_config(workers=4, threads=1), (3, 32, 32)) == 1
+    assert yaml.safe_load(search("--threads", "2", "--print-config").stdout)["threads"] == 2

@@ -53,10 +53,7 @@ def predict(
     if as_json:
         return print_json(doc)
     if per_layer:
-        from rich.console import Console
-
-        # A terminal wraps the table to fit; pipes and files get whole rows.
-        (out if out.is_terminal else Console(width=200, highlight=False)).print(_layer_table(layers))
+        out.print(_layer_table(layers))
     _print_totals(doc, cost_model.models_energy)
 
 

@@ -61,6 +61,9 @@ def search(
              "[default: study.db in the run folder]")] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name in the storage. [default: the run id]")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Local worker processes on one study. [default: 1]")] = None,
+    threads: Annotated[Optional[int], typer.Option(
+        help="CPU threads per training. [default: 1 for inputs up to 16x16 pixels, where one thread trains "
+             "fastest; else torch's default, or the cores shared among --workers]")] = None,
     surrogate: Annotated[Optional[str], typer.Option(
         help="Screen proposals with an accuracy predictor of this model kind (see `nasctl predictor models`), "
              "refit every generation on the trials so far; only the most promising get real evaluation.")] = None,
@@ -111,7 +114,7 @@ def search(
                       max_params=max_params, max_weight_kib=max_weight_kib, min_accuracy=min_accuracy,
                       accuracy_baseline=accuracy_baseline, max_accuracy_drop=max_accuracy_drop,
                       storage=storage, study=study,
-                      workers=workers,
+                      workers=workers, threads=threads,
                       surrogate=surrogate, screen=screen,
                       exit_policy=exit_policy, exit_tolerance=exit_tolerance,
                       exit_rates=_assignments("--exit-rates", exit_rates, float, "s1=0.3,s2=0.2"),
@@ -181,13 +184,17 @@ class _Progress:
 
 def _front_table(front: list[dict], objectives: list[str]) -> Table:
     """The front, with only the columns that mean something for this search."""
+    from ..runs import DISPLAY, display
+
     archs = [json.loads(row["arch"]) for row in front]
     exit_cols = [k for k in (front[0] if front else {}) if k.startswith("exit_rate_")]
+    def metric(name: str) -> tuple[str, callable]:  # in the unit `runs show` uses
+        return f"{DISPLAY[name][0]} {DISPLAY[name][1]}", lambda r, a: display(name, r[name], unit=False)
+
     cols: list[tuple[str, callable]] = [
-        ("trial", lambda r, a: str(r["trial"])), ("acc %", lambda r, a: f"{r['accuracy']:.1f}"),
-        ("latency ms", lambda r, a: f"{r['latency_ms']:.4g}")]
+        ("trial", lambda r, a: str(r["trial"])), ("acc %", lambda r, a: f"{r['accuracy']:.1f}"), metric("latency_ms")]
     if any(r["energy_mj"] is not None for r in front):
-        cols += [("energy mJ", lambda r, a: f"{r['energy_mj']:.4g}"), ("EDP mJ·ms", lambda r, a: f"{r['edp']:.4g}")]
+        cols += [metric("energy_mj"), metric("edp")]
     cols.append(("params", lambda r, a: f"{r['params']:,}"))
     if any("backbone_bits" in a for a in archs):
         cols.append(("bits b/e", lambda r, a: f"{a.get('backbone_bits', '-')}/{a.get('exit_bits', '-')}"))
