@@ -182,3 +182,13 @@ def test_small_inputs_train_on_one_thread_unless_told_otherwise(monkeypatch):
     assert train_threads(make_config(workers=4), (3, 32, 32)) == 2          # the cores shared among workers
     assert train_threads(make_config(workers=4, threads=1), (3, 32, 32)) == 1
     assert yaml.safe_load(search("--threads", "2", "--print-config").stdout)["threads"] == 2
+
+
+def test_print_config_checks_the_space_and_device_files(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("kind: mbv2\nname: bad\n")
+    result = search("--space", str(space), "--print-config")
+    assert result.exit_code == 2 and f"{space}: stem: Field required" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    result = search("--device", "nope", "--print-config")
+    assert result.exit_code == 2 and "unknown device 'nope'" in result.stderr

@@ -123,6 +123,13 @@ def search(
     if print_config:
         import yaml
 
+        from ..hardware.loader import load_device
+        from ..spaces.loader import load_space
+        from ..tables import is_table
+
+        load_space(cfg.space)  # a malformed space or device file fails here, as the search would
+        if not is_table(cfg.device):
+            load_device(cfg.device)
         return out.out(yaml.safe_dump(cfg.model_dump(), sort_keys=False), end="", highlight=False)
     with _Progress() as progress:
         result = run_search(cfg, run_dir, resume=resume is not None, on_start=progress.start,
