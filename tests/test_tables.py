@@ -175,7 +175,7 @@ def test_accuracy_floor_from_a_baseline_run(table, tmp_path):
 
 @pytest.mark.parametrize("args, code, message", [
     (["--min-accuracy", "99.9"], 1, "no evaluated candidate meets accuracy >= 99.9 (best seen"),
-    (["--min-accuracy", "120"], 2, "min_accuracy"),
+    (["--min-accuracy", "120"], 2, "--min-accuracy 120.0: Input should be less than or equal to 100"),
     (["--min-accuracy", "80", "--accuracy-baseline", "no-such-run"], 2, "give min_accuracy or accuracy_baseline"),
     (["--accuracy-baseline", "no-such-run"], 2, "run 'no-such-run' not found"),
 ])
