@@ -38,6 +38,9 @@ class PinnedSpace(SearchSpace):
     def variables(self) -> tuple[Variable, ...]:
         return self._variables
 
+    def parse_arch(self, text: str) -> dict:
+        return self.inner.parse_arch(text)  # the inner space's text forms (NB201's cell strings)
+
     def to_layers(self, arch: Arch, input_shape, classes):
         return self.inner.to_layers(arch, input_shape, classes)
 
