@@ -50,6 +50,7 @@ class SearchResult:
     front: list[dict]
     constraints: list[Constraint]
     timings: dict = field(default_factory=dict)
+    unused_budget: int = 0  # trials left when the strategy stopped proposing new architectures
 
 
 def candidate_seed(seed: int, key: str) -> int:
@@ -330,7 +331,7 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
     result = SearchResult(store.path, rows, front, evaluator.constraints, {
         "total_s": round(time.perf_counter() - t_start, 3),
         "train_s": round(sum(r["train_s"] for r in rows), 3),
-        "trials": len(rows)})
+        "trials": len(rows)}, unused_budget=cfg.budget - trials.n_claimed())
     if rows and not front and evaluator.constraints:
         best = ", ".join(f"{c} (best seen {c.best(rows):.4g})" for c in evaluator.constraints)
         raise WorkFailed(f"no evaluated candidate meets {best}; "

@@ -184,3 +184,16 @@ def test_accuracy_floor_errors_are_one_line(table, args, code, message):
     result = table_search(path, "--budget", "8", *args)
     assert result.exit_code == code, result.output
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_search_that_runs_out_of_architectures_says_how_much_budget_is_left(table, tmp_path):
+    path, _ = table
+    pins = "edge_1_0=skip_connect,edge_2_0=skip_connect,edge_2_1=skip_connect,edge_3_0=skip_connect,edge_3_1=none"
+    result = table_search(path, "--budget", "8", "--strategy", "random", "--pin", pins,
+                          "--run-dir", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    assert len(read_csv(tmp_path / "run" / "trials.csv")) == 5  # the pinned space holds five cells
+    assert "note: 3 of the budget's 8 trials unused: strategy 'random' proposed nothing new" in result.stderr
+    done = table_search(path, "--budget", "5", "--strategy", "random", "--pin", pins, "--run-dir",
+                        str(tmp_path / "run5"), "--json")
+    assert json.loads(done.stdout)["unused_budget"] == 0 and "note:" not in done.stderr

@@ -138,11 +138,16 @@ def search(
         return print_json({"run_dir": str(result.run_dir), "front": result.front,
                            "objectives": cfg.objectives,
                            "constraints": [str(c) for c in result.constraints],
-                           "timings": result.timings})
+                           "timings": result.timings, "unused_budget": result.unused_budget})
     out.print(_front_table(result.front, cfg.objectives))
     out.print(f"{len(result.trials)} candidates evaluated in {result.timings['total_s']:.0f} s; "
               f"{len(result.front)} on the Pareto front.")
     out.print(f"Run folder: {result.run_dir}")
+    if result.unused_budget > 0:
+        err.print(f"note: {result.unused_budget} of the budget's {cfg.budget} trials unused: strategy "
+                  f"'{cfg.strategy}' proposed nothing new" + (f" (with --screen {cfg.screen}, candidates it "
+                  "proposed and the surrogate passed over are not proposed again)" if cfg.surrogate else ""),
+                  highlight=False)
 
 
 def _assignments(flag: str, text: Optional[str], kind, example: str) -> Optional[dict]:
