@@ -200,6 +200,7 @@ def _front_table(front: list[dict], objectives: list[str]) -> Table:
 
     archs = [json.loads(row["arch"]) for row in front]
     exit_cols = [k for k in (front[0] if front else {}) if k.startswith("exit_rate_")]
+
     def metric(name: str) -> tuple[str, callable]:  # in the unit `runs show` uses
         return f"{DISPLAY[name][0]} {DISPLAY[name][1]}", lambda r, a: display(name, r[name], unit=False)
 
