@@ -90,22 +90,28 @@ def search(table: Table, strategy_name: str, budget: int, seed: int, screen: int
     strategy.setup(table.space, 2, 0, seed=seed, budget=budget * (screen if kind else 1))
     surrogate = Surrogate(kind, table.space, seed=seed) if kind else None
     seen: dict[str, np.ndarray] = {}
+    passed_over: dict[str, dict] = {}  # as the engine: reconsidered at every refit
     stalled = 0
     while len(seen) < budget and stalled < STALLED_ROUNDS:
         n = surrogate.ask_size(len(seen), budget - len(seen), screen) if surrogate else budget - len(seen)
         archs = strategy.ask(n)
-        if not archs:
+        ready = surrogate is not None and surrogate.ready(len(seen))
+        if not archs and not (ready and passed_over):
             break
-        new = list({arch_key(a): a for a in archs if arch_key(a) not in seen}.values())
-        predicted = _screen(table, surrogate, new, seen, screen) if surrogate and surrogate.ready(len(seen)) else {}
+        fresh = {arch_key(a): a for a in archs if arch_key(a) not in seen}
+        new = list(fresh.values())
+        candidates = new + [a for k, a in passed_over.items() if k not in fresh and k not in seen] if ready else new
+        predicted = _screen(table, surrogate, candidates, seen, max(1, n_real(len(new), screen))) if ready else {}
+        passed_over = {arch_key(a): a for a in candidates if arch_key(a) in predicted}
         before = len(seen)
-        for arch in new:
+        for arch in candidates:
             key = arch_key(arch)
             if key not in predicted and len(seen) < budget:
                 seen[key] = table.F[table.code(arch)]
         known = {**predicted, **seen}
         told = [a for a in archs if arch_key(a) in known]
-        strategy.tell(told, np.array([known[arch_key(a)] for a in told]).reshape(-1, 2), np.zeros((len(told), 0)))
+        if told:
+            strategy.tell(told, np.array([known[arch_key(a)] for a in told]).reshape(-1, 2), np.zeros((len(told), 0)))
         stalled = stalled + 1 if len(seen) == before else 0
     return np.array(list(seen.values()))
 
@@ -115,14 +121,14 @@ def _row(f: np.ndarray) -> dict:
     return {"accuracy": -f[0], "latency_ms": f[1]}
 
 
-def _screen(table: Table, surrogate: Surrogate, new: list[dict], seen: dict, screen: int) -> dict:
+def _screen(table: Table, surrogate: Surrogate, candidates: list[dict], seen: dict, n_pick: int) -> dict:
     """Refit the surrogate on the queried architectures; the predicted objective values of
     the candidates it does not pick for a query."""
     surrogate.refit([{"arch": k, **_row(f)} for k, f in seen.items()])
-    F = np.array([[-acc, table.F[table.code(a)][1]] for a, (acc, _) in zip(new, surrogate.predict(new))])
+    F = np.array([[-acc, table.F[table.code(a)][1]] for a, (acc, _) in zip(candidates, surrogate.predict(candidates))])
     pick = set(choose([_row(f) for f in F], [_row(f) for f in seen.values()], ["accuracy", "latency_ms"],
-                      [0.0] * len(new), n_real(len(new), screen)))
-    return {arch_key(a): f for i, (a, f) in enumerate(zip(new, F)) if i not in pick}
+                      [0.0] * len(candidates), n_pick))
+    return {arch_key(a): f for i, (a, f) in enumerate(zip(candidates, F)) if i not in pick}
 
 
 _TABLES: dict[tuple[Path, str], Table] = {}

@@ -360,6 +360,9 @@ def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int
                    budget=cfg.budget * (cfg.screen if cfg.surrogate else 1))
     surrogate = Surrogate(cfg.surrogate, space, seed=cfg.seed + worker) if cfg.surrogate else None
     screened: list[tuple[float, float]] = []  # (real, predicted) accuracy of every screened-in trial
+    # Candidates the surrogate passed over: reconsidered at every refit (strategies do not
+    # propose an architecture twice, so they would otherwise be lost to the search).
+    passed_over: dict[str, dict] = {}
     seen = {row["arch"]: row for row in trials.finished_rows()}
     failed = trials.failed_keys()
     stalled = 0
@@ -367,13 +370,19 @@ def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int
         ready = surrogate is not None and surrogate.ready(len(seen))
         n = surrogate.ask_size(len(seen), cfg.budget - claimed, cfg.screen) if surrogate else cfg.budget - claimed
         archs = [space.validate(a) for a in strategy.ask(n)]
-        if not archs:
+        if not archs and not (ready and passed_over):
             break
         new = [a for a in archs if arch_key(a) not in seen and arch_key(a) not in failed]
-        screening = _screen(evaluator, surrogate, new, seen) if ready and new else None
+        candidates = new
+        if ready:
+            keys = {arch_key(a) for a in new}
+            candidates = new + [a for k, a in passed_over.items() if k not in keys and k not in seen]
+        screening = _screen(evaluator, surrogate, candidates, seen, max(1, n_real(len(new), cfg.screen))) \
+            if ready and candidates else None
         skipped = screening.skipped if screening else {}
+        passed_over = {arch_key(a): a for a in candidates if arch_key(a) in skipped}
         evaluated = 0
-        for arch in new:
+        for arch in candidates:
             key = arch_key(arch)
             if key in skipped or trials.n_claimed() >= cfg.budget:
                 continue
@@ -405,7 +414,8 @@ def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int
             log_refit(store.path, worker=worker, refit=surrogate.refits, trials=screening.trials,
                       proposed=len(new), evaluated=len(batch), kendall_tau=batch_tau(batch),
                       kendall_tau_so_far=batch_tau(screened), fit_s=screening.fit_s)
-        _tell(strategy, archs, {**skipped, **seen}, cfg.objectives, evaluator.constraints)
+        if archs:
+            _tell(strategy, archs, {**skipped, **seen}, cfg.objectives, evaluator.constraints)
         stalled = 0 if evaluated else stalled + 1
 
 
@@ -417,23 +427,23 @@ class _Screening:
     fit_s: float
 
 
-def _screen(evaluator: Evaluator, surrogate: Surrogate, new: list[dict], seen: dict) -> _Screening:
-    """Refit the surrogate and split a batch of new candidates into those to evaluate for
-    real (one in `screen`) and the others, with their predicted rows."""
+def _screen(evaluator: Evaluator, surrogate: Surrogate, candidates: list[dict], seen: dict,
+            n_pick: int) -> _Screening:
+    """Refit the surrogate and split candidates into the `n_pick` to evaluate for real and
+    the others, with their predicted rows."""
     cfg = evaluator.cfg
     t0 = time.perf_counter()
     surrogate.refit(list(seen.values()))
     fit_s = round(time.perf_counter() - t0, 3)
     rows = {}
-    for arch, (accuracy, rates) in zip(new, surrogate.predict(new)):
+    for arch, (accuracy, rates) in zip(candidates, surrogate.predict(candidates)):
         try:
             rows[arch_key(arch)] = evaluator.row(arch, accuracy, rates, 0.0)
         except MissingEntry:
             pass  # a latency table lacks it: evaluating it records the failed trial
     keys = list(rows)
     pick = choose([rows[k] for k in keys], list(seen.values()), cfg.objectives,
-                  [sum(max(c.violation(rows[k]), 0.0) for c in evaluator.constraints) for k in keys],
-                  n_real(len(new), cfg.screen))
+                  [sum(max(c.violation(rows[k]), 0.0) for c in evaluator.constraints) for k in keys], n_pick)
     chosen = {keys[i]: rows[keys[i]]["accuracy"] for i in pick}
     return _Screening(chosen, {k: r for k, r in rows.items() if k not in chosen}, len(seen), fit_s)
 

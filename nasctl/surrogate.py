@@ -6,7 +6,8 @@ exits, the share of inputs leaving at each exit - is predicted; the costs that f
 from those exit rates are computed exactly on the device.  Of each batch the strategy
 proposes, one candidate in `screen` is evaluated for real: the feasible ones first,
 then those that fewest architectures dominate (the trials so far and the batch's
-predictions together).  The strategy is told real values for those and predicted values
+predictions together).  Candidates passed over are reconsidered, with the refit
+predictor, at every later refit (the engine keeps them).  The strategy is told real values for those and predicted values
 for the rest, so it runs `screen` times as many generations for the same budget.  Each
 refit is logged (`surrogate.csv` in the run folder) with the Kendall tau between
 predicted and real accuracy on the batch it screened in, and over every candidate

@@ -197,3 +197,15 @@ def test_a_search_that_runs_out_of_architectures_says_how_much_budget_is_left(ta
     done = table_search(path, "--budget", "5", "--strategy", "random", "--pin", pins, "--run-dir",
                         str(tmp_path / "run5"), "--json")
     assert json.loads(done.stdout)["unused_budget"] == 0 and "note:" not in done.stderr
+
+
+def test_candidates_the_surrogate_passed_over_stay_eligible(table, tmp_path):
+    # 25 cells; the strategy proposes them all in the first two rounds, ten per real evaluation
+    path, _ = table
+    pins = "edge_1_0=skip_connect,edge_2_0=nor_conv_3x3,edge_2_1=skip_connect,edge_3_0=skip_connect"
+    run = tmp_path / "run"
+    result = table_search(path, "--budget", "20", "--strategy", "random", "--surrogate", "ridge", "--screen", "10",
+                          "--pin", pins, "--run-dir", str(run))
+    assert result.exit_code == 0, result.output
+    assert len(read_csv(run / "trials.csv")) == 20 and "unused" not in result.stderr
+    assert sum(int(r["evaluated"]) for r in read_csv(run / "surrogate.csv")) == 10  # after the 10 warm-up trials
