@@ -145,9 +145,7 @@ def search(
     out.print(f"Run folder: {result.run_dir}")
     if result.unused_budget > 0:
         err.print(f"note: {result.unused_budget} of the budget's {cfg.budget} trials unused: strategy "
-                  f"'{cfg.strategy}' proposed nothing new" + (f" (with --screen {cfg.screen}, candidates it "
-                  "proposed and the surrogate passed over are not proposed again)" if cfg.surrogate else ""),
-                  highlight=False)
+                  f"'{cfg.strategy}' proposed nothing new", highlight=False)
 
 
 def _assignments(flag: str, text: Optional[str], kind, example: str) -> Optional[dict]:
