@@ -101,7 +101,8 @@ def search(table: Table, strategy_name: str, budget: int, seed: int, screen: int
         fresh = {arch_key(a): a for a in archs if arch_key(a) not in seen}
         new = list(fresh.values())
         candidates = new + [a for k, a in passed_over.items() if k not in fresh and k not in seen] if ready else new
-        predicted = _screen(table, surrogate, candidates, seen, max(1, n_real(len(new), screen))) if ready else {}
+        predicted = _screen(table, surrogate, candidates, seen, max(1, n_real(len(new), screen))) \
+            if ready and candidates else {}
         passed_over = {arch_key(a): a for a in candidates if arch_key(a) in predicted}
         before = len(seen)
         for arch in candidates:
