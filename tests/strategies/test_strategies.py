@@ -160,3 +160,14 @@ def test_learns_to_meet_a_constraint(name, space):
 def test_unknown_strategy_is_one_clear_line():
     with pytest.raises(UsageError, match=r"^unknown strategy 'foo'; allowed: agemoea, gp, local, nsga2"):
         STRATEGIES.get("foo")
+
+
+def test_random_proposes_every_architecture_of_a_small_space_once():
+    space = load_space("nb201")
+    strategy = STRATEGIES.get("random")()
+    strategy.setup(space, 2, 0, seed=3, budget=20000)
+    first = strategy.ask(10_000)
+    rest = strategy.ask(10_000)
+    keys = {arch_key(a) for a in first + rest}
+    assert len(first) == 10_000 and len(rest) == space.size() - 10_000 == len(keys) - 10_000
+    assert strategy.ask(1) == []
