@@ -104,14 +104,19 @@ class Predictor(ABC):
         self._fit(self._inputs(archs, extra), self._map.forward(Y))
         return self
 
-    def predict(self, archs: Sequence[Arch]) -> tuple[np.ndarray, np.ndarray | None]:
+    def predict(self, archs: Sequence[Arch], optimism: float | Sequence[float] = 0.0
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The mean and spread of each target.  With `optimism` (one number, or one per
+        target), the first is the prediction that many spreads above the mean on the
+        model's scale, mapped back: an upper quantile where the model has a spread, the
+        mean where it has none."""
         if not self.targets:
             raise UsageError(f"predictor '{self.kind}' has not been fitted")
         if not len(archs):
             empty = np.zeros((0, self.targets) if self._multi else 0)
             return empty, (empty.copy() if self.has_spread else None)
         z, spread = self._predict(self._inputs(archs, self._proxies(archs)))
-        mean = self._map.inverse(z)
+        mean = self._map.inverse(z if spread is None else z + np.asarray(optimism, dtype=float) * spread)
         std = None if spread is None else (self._map.inverse(z + spread) - self._map.inverse(z - spread)) / 2
         if not self._multi:
             mean = mean[:, 0]

@@ -85,3 +85,16 @@ def test_gp_fit_is_quiet_when_a_hyperparameter_ends_at_its_bound(nb201):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         make_predictor("gp", nb201, seed=0).fit(archs, rng.standard_normal(30))
+
+
+@pytest.mark.parametrize("kind", ["gp", "ridge"])
+def test_optimism_is_an_upper_quantile_where_the_model_has_a_spread(kind, nb201, toy_data):
+    archs, y = toy_data(nb201, 80, seed=2)
+    p = make_predictor(kind, nb201, seed=0, **SMALL[kind]).fit(archs[:60], np.column_stack([y[:60], -y[:60]]))
+    mean, std = p.predict(archs[60:])
+    upper, _ = p.predict(archs[60:], optimism=[1.0, 0.0])
+    if kind in SPREAD:
+        assert (upper[:, 0] > mean[:, 0]).all() and (upper[:, 0] <= mean[:, 0] + 3 * std[:, 0]).all()
+    else:
+        assert np.array_equal(upper[:, 0], mean[:, 0])
+    assert np.array_equal(upper[:, 1], mean[:, 1])  # no optimism asked for the second target
