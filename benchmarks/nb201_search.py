@@ -20,9 +20,12 @@ reference point and add nothing to the score.
         [--devices eyeriss,fpga,pixel3,raspi4] [--budgets 100,300] [--seeds 10] [--screen 5] [--jobs 2]
 
 `NAME+KIND` runs strategy NAME with surrogate-assisted screening (`nasctl search
---surrogate KIND --screen N`): a predictor of model KIND, refit on every query so far,
-picks one in N of the strategy's proposals for a query; the strategy is told the
-predicted values of the others.
+--surrogate KIND --screen N`, N from --screen or from `NAME+KIND:N`): a predictor of
+model KIND, refit on the queries so far, picks one in N of the strategy's proposals for
+a query; the strategy is told the predicted values of the others.  Latencies of the
+candidates screened come from the table and are not counted as queries (the engine
+computes them on the device model; only accuracy costs training).  By default
+`random+gp:600` runs too: random proposals that cover the whole space by the first refit.
 
 DIR holds `nb201_acc.csv` and `hwnasbench_nb201.csv` (default: $NASCTL_NB201_DIR, else
 ../shared/benchmarks/nb201 next to this checkout).
@@ -41,12 +44,15 @@ from nasctl.spaces.base import arch_key
 from nasctl.spaces.loader import load_space
 from nasctl.predictors import PREDICTORS
 from nasctl.strategies import STRATEGIES
-from nasctl.surrogate import Surrogate, choose, n_real
+from nasctl.surrogate import Surrogate, choose
 from nb201_data import DEFAULT_DATA
 
 DEVICES = ("eyeriss", "fpga", "pixel3", "raspi4")
 STALLED_ROUNDS = 50  # as the engine: stop after this many rounds proposing nothing new
 SLOW = ("gp",)       # ~1 s a proposal: run on its own with fewer seeds
+# Screened searches run by default besides every strategy but SLOW: random proposals, the
+# whole space by the first refit, screened by a GP on path encodings.
+SCREENED = ("random+gp:600",)
 
 
 class Table:
@@ -88,7 +94,7 @@ def search(table: Table, strategy_name: str, budget: int, seed: int, screen: int
     name, _, kind = strategy_name.partition("+")
     strategy = STRATEGIES.get(name)()
     strategy.setup(table.space, 2, 0, seed=seed, budget=budget * (screen if kind else 1))
-    surrogate = Surrogate(kind, table.space, seed=seed) if kind else None
+    surrogate = Surrogate(kind, table.space, seed=seed, budget=budget) if kind else None
     seen: dict[str, np.ndarray] = {}
     passed_over: dict[str, dict] = {}  # as the engine: reconsidered at every refit
     stalled = 0
@@ -101,7 +107,7 @@ def search(table: Table, strategy_name: str, budget: int, seed: int, screen: int
         fresh = {arch_key(a): a for a in archs if arch_key(a) not in seen}
         new = list(fresh.values())
         candidates = new + [a for k, a in passed_over.items() if k not in fresh and k not in seen] if ready else new
-        predicted = _screen(table, surrogate, candidates, seen, max(1, n_real(len(new), screen))) \
+        predicted = _screen(table, surrogate, candidates, seen, surrogate.n_real(len(candidates), screen)) \
             if ready and candidates else {}
         passed_over = {arch_key(a): a for a in candidates if arch_key(a) in predicted}
         before = len(seen)
@@ -149,24 +155,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA,
                     help="folder holding nb201_acc.csv and hwnasbench_nb201.csv")
-    ap.add_argument("--strategies", default=",".join(n for n in STRATEGIES.names() if n not in SLOW),
+    ap.add_argument("--strategies", default=",".join([*(n for n in STRATEGIES.names() if n not in SLOW), *SCREENED]),
                     help=f"comma-separated strategy names, NAME+KIND for NAME screened by a surrogate of "
-                         f"predictor model KIND (default: every strategy but {', '.join(SLOW)})")
+                         f"predictor model KIND, NAME+KIND:N with N proposals per query (default: every "
+                         f"strategy but {', '.join(SLOW)}, and {', '.join(SCREENED)})")
     ap.add_argument("--devices", default=",".join(DEVICES), help="comma-separated HW-NAS-Bench devices")
     ap.add_argument("--budgets", default="100,300", help="comma-separated numbers of table queries")
     ap.add_argument("--seeds", type=int, default=10, help="runs per setting, seeds 0..SEEDS-1")
-    ap.add_argument("--screen", type=int, default=5, help="with NAME+KIND: proposals per table query")
+    ap.add_argument("--screen", type=int, default=5, help="with NAME+KIND: proposals per table query "
+                                                           "(NAME+KIND:N sets it for one)")
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     args = ap.parse_args()
     for name in ("nb201_acc.csv", "hwnasbench_nb201.csv"):
         if not (args.data / name).is_file():
             raise SystemExit(f"error: {args.data / name} not found; pass --data DIR or set NASCTL_NB201_DIR")
     strategies = args.strategies.split(",")
-    for name in strategies:
+    screens = {}
+    for spec in strategies:
+        name, _, screen = spec.partition(":")
         strategy, _, kind = name.partition("+")
         STRATEGIES.get(strategy)  # an unknown name fails here, naming the allowed ones
         if kind:
             PREDICTORS.get(kind)
+        if screen and not (kind and screen.isdigit() and int(screen) >= 2):
+            raise SystemExit(f"error: '{spec}': N in NAME+KIND:N is a whole number of at least 2, "
+                             "after a surrogate KIND")
+        screens[spec] = (name, int(screen or args.screen))
     devices = args.devices.split(",")
     bad = [d for d in devices if d not in DEVICES]
     if bad:
@@ -179,24 +193,24 @@ def main() -> None:
     for device in devices:
         table = Table(args.data, device)
         print(f"  {device}: true front {table.front_size} points")
-    tasks = [(args.data, d, s, b, seed, args.screen)
+    tasks = [(args.data, d, screens[s][0], b, seed, screens[s][1])
              for s in strategies for d in devices for b in budgets for seed in seeds]
     with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else _Serial() as pool:
         results = dict(zip(tasks, pool.map(score, *zip(*tasks))))
 
     cols = [(d, b) for d in devices for b in budgets]
     print()
-    print(f"{'strategy':<10}" + "".join(f"{d + ' ' + str(b):>16}" for d, b in cols) + f"{'s/run':>8}")
+    print(f"{'strategy':<14}" + "".join(f"{d + ' ' + str(b):>16}" for d, b in cols) + f"{'s/run':>8}")
     means = {}
     for s in strategies:
         cells, secs = [], []
         for d, b in cols:
-            runs = [results[args.data, d, s, b, seed, args.screen] for seed in seeds]
+            runs = [results[args.data, d, screens[s][0], b, seed, screens[s][1]] for seed in seeds]
             hv = np.array([r[0] for r in runs])
             means[s, d, b] = hv.mean()
             secs += [r[1] for r in runs]
             cells.append(f"{hv.mean():.3f} ± {hv.std():.3f}")
-        print(f"{s:<10}" + "".join(f"{c:>16}" for c in cells) + f"{np.mean(secs):>8.2f}")
+        print(f"{s:<14}" + "".join(f"{c:>16}" for c in cells) + f"{np.mean(secs):>8.2f}")
     top = max(budgets)
     print()
     for d in devices:

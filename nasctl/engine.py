@@ -32,7 +32,7 @@ from .spaces.loader import load_space
 from .spaces.pinned import pin_knobs
 from .store import RunStore, TrialStore, open_storage
 from .strategies import STRATEGIES
-from .surrogate import Outcomes, Surrogate, batch_tau, choose, log_refit, n_real
+from .surrogate import Outcomes, Surrogate, batch_tau, choose, log_refit
 from .tables import ArchTable, MissingEntry, is_table
 
 # How many rounds in a row a strategy may propose only candidates already evaluated.
@@ -358,7 +358,7 @@ def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int
     # With a surrogate, the strategy is told about `screen` candidates per real evaluation.
     strategy.setup(space, len(cfg.objectives), len(evaluator.constraints), seed=cfg.seed + worker,
                    budget=cfg.budget * (cfg.screen if cfg.surrogate else 1))
-    surrogate = Surrogate(cfg.surrogate, space, seed=cfg.seed + worker) if cfg.surrogate else None
+    surrogate = Surrogate(cfg.surrogate, space, seed=cfg.seed + worker, budget=cfg.budget) if cfg.surrogate else None
     screened: list[tuple[float, float]] = []  # (real, predicted) accuracy of every screened-in trial
     # Candidates the surrogate passed over: reconsidered at every refit (strategies do not
     # propose an architecture twice, so they would otherwise be lost to the search).
@@ -377,7 +377,7 @@ def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int
         if ready:
             keys = {arch_key(a) for a in new}
             candidates = new + [a for k, a in passed_over.items() if k not in keys and k not in seen]
-        screening = _screen(evaluator, surrogate, candidates, seen, max(1, n_real(len(new), cfg.screen))) \
+        screening = _screen(evaluator, surrogate, candidates, seen, surrogate.n_real(len(candidates), cfg.screen)) \
             if ready and candidates else None
         skipped = screening.skipped if screening else {}
         passed_over = {arch_key(a): a for a in candidates if arch_key(a) in skipped}

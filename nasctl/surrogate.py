@@ -3,13 +3,14 @@ screens the strategy's proposals so that only the most promising get real evalua
 
 What training tells about an architecture - its accuracy and, in spaces with early
 exits, the share of inputs leaving at each exit - is predicted; the costs that follow
-from those exit rates are computed exactly on the device.  Of each batch the strategy
-proposes, one candidate in `screen` is evaluated for real: the feasible ones first,
-then those that fewest architectures dominate (the trials so far and the batch's
-predictions together).  Candidates passed over are reconsidered, with the refit
-predictor, at every later refit (the engine keeps them).  The strategy is told real values for those and predicted values
-for the rest, so it runs `screen` times as many generations for the same budget.  Each
-refit is logged (`surrogate.csv` in the run folder) with the Kendall tau between
+from those exit rates are computed exactly on the device.  After a warm-up of the
+strategy's own proposals, one candidate in `screen` is evaluated for real: the feasible
+ones first, then by non-dominated layer (the trials so far and the predictions sorted
+together), accuracy predicted optimistically where the model has a spread.  Candidates
+passed over are reconsidered, with the refit predictor, at every later refit (the
+engine keeps them).  The strategy is told real values for those evaluated and predicted
+values for the rest, so it runs `screen` times as many generations for the same budget.
+Each refit is logged (`surrogate.csv` in the run folder) with the Kendall tau between
 predicted and real accuracy on the batch it screened in, and over every candidate
 screened in so far.
 """
@@ -27,8 +28,8 @@ from .objectives import minimisation_matrix
 from .spaces.base import Arch, SearchSpace
 from .store import append_csv, cell
 
-# Real evaluations per refit at most, for strategies whose batch is as large as asked.
-REAL_PER_REFIT = 5
+# Least warm-up (real evaluations before the first fit) and batch (real evaluations per refit).
+MIN_WARMUP, MIN_BATCH = 10, 5
 LOG_COLUMNS = ("worker", "refit", "trials", "proposed", "evaluated", "kendall_tau", "kendall_tau_so_far", "fit_s")
 
 
@@ -61,8 +62,12 @@ class Outcomes:
         predictor = load_predictor(name, space=space)
         return cls(space, predictor, read_card(find(name)).get("target") or ["accuracy"])
 
-    def __call__(self, archs: Sequence[Arch]) -> list[tuple[float, list[float]]]:
-        mean = np.asarray(self.predictor.predict(archs)[0], dtype=float).reshape(len(archs), -1)
+    def __call__(self, archs: Sequence[Arch], optimism: float = 0.0) -> list[tuple[float, list[float]]]:
+        """Each architecture's (accuracy, exit rates).  With `optimism`, accuracy is the
+        prediction that many standard deviations above the mean on the predictor's scale
+        (models with a spread; see `Predictor.predict`)."""
+        shift = [optimism if t == "accuracy" else 0.0 for t in self.targets]
+        mean = np.asarray(self.predictor.predict(archs, shift)[0], dtype=float).reshape(len(archs), -1)
         column = dict(zip(self.targets, mean.T))
         out = []
         for i, arch in enumerate(archs):
@@ -76,12 +81,20 @@ class Outcomes:
 
 class Surrogate:
     """Predicts an architecture's accuracy and exit rates from the trials so far, with a
-    predictor of model `kind` (any of `nasctl predictor models`) fitted to all of them."""
+    predictor of model `kind` (any of `nasctl predictor models`) fitted to all of them.
 
-    def __init__(self, kind: str, space: SearchSpace, seed: int, warmup: int = 10):
-        self.kind, self.space, self.seed, self.warmup = kind, space, seed, warmup
+    Of a search's `budget` real evaluations, the first `warmup` (a sixth of the budget,
+    at least 10) go to the strategy's own proposals; after that the predictor is refit
+    every `batch` (a twelfth of the budget, at least 5) real evaluations.  Screening
+    ranks candidates by their accuracy predicted `optimism` standard deviations above
+    the mean (models with a spread), so that the uncertain ones get their chance."""
+
+    def __init__(self, kind: str, space: SearchSpace, seed: int, budget: int, optimism: float = 0.5):
+        self.kind, self.space, self.seed, self.optimism = kind, space, seed, optimism
+        self.warmup = max(MIN_WARMUP, round(budget / 6))
+        self.batch = max(MIN_BATCH, round(budget / 12))
         self.targets = outcome_targets(space)
-        self.predict: Outcomes | None = None
+        self._outcomes: Outcomes | None = None
         self.refits = 0
 
     def ready(self, n_trials: int) -> bool:
@@ -89,11 +102,15 @@ class Surrogate:
 
     def ask_size(self, n_trials: int, remaining: int, screen: int) -> int:
         """How many candidates to ask the strategy for: up to the warm-up's trials before
-        the first fit; then `screen` per real evaluation, `REAL_PER_REFIT` real evaluations
-        per refit at most."""
+        the first fit; then `screen` per real evaluation of the next batch."""
         if not self.ready(n_trials):
             return min(remaining, self.warmup - n_trials)
-        return screen * min(remaining, REAL_PER_REFIT)
+        return screen * min(remaining, self.batch)
+
+    def n_real(self, candidates: int, screen: int) -> int:
+        """Real evaluations for a refit screening `candidates`: one per `screen` of them,
+        at least one, at most a batch."""
+        return min(self.batch, max(1, math.ceil(candidates / screen)))
 
     def refit(self, rows: Sequence[dict]) -> None:
         """Fit the targets on these finished trials (`arch` key, target columns); then
@@ -103,25 +120,29 @@ class Surrogate:
         archs = [self.space.parse_arch(r["arch"]) for r in rows]
         Y = np.array([[float(r[t]) for t in self.targets] for r in rows])
         predictor = make_predictor(self.kind, self.space, seed=self.seed + self.refits).fit(archs, Y)
-        self.predict = Outcomes(self.space, predictor, self.targets)
+        self._outcomes = Outcomes(self.space, predictor, self.targets)
         self.refits += 1
+
+    def predict(self, archs: Sequence[Arch]) -> list[tuple[float, list[float]]]:
+        """Each architecture's (optimistic) accuracy and exit rates, by the last refit."""
+        return self._outcomes(archs, self.optimism)
 
 
 def choose(predicted: Sequence[dict], archive: Sequence[dict], objectives: Sequence[str],
            violations: Sequence[float], k: int) -> list[int]:
     """Indices of the `k` predicted rows to evaluate for real: least constraint violation
-    first, then fewest rows dominating them (the archive's real rows and the other
-    predicted ones), then the order the strategy proposed them in."""
+    first, then the non-dominated layer they lie in (the archive's real rows and the
+    predicted ones sorted together; the first front is layer 0), then the order the
+    strategy proposed them in."""
+    from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
+
     F = minimisation_matrix(predicted, objectives)
     pool = np.vstack([F, minimisation_matrix(archive, objectives)]) if archive else F
-    dominated_by = [int(np.sum(np.all(pool <= f, axis=1) & np.any(pool < f, axis=1))) for f in F]
-    order = sorted(range(len(predicted)), key=lambda i: (max(violations[i], 0.0), dominated_by[i], i))
+    layer = np.empty(len(pool), dtype=int)
+    for i, front in enumerate(NonDominatedSorting().do(pool)):
+        layer[front] = i
+    order = sorted(range(len(predicted)), key=lambda i: (max(violations[i], 0.0), layer[i], i))
     return order[:k]
-
-
-def n_real(proposed: int, screen: int) -> int:
-    """Real evaluations for a batch of `proposed` new candidates."""
-    return math.ceil(proposed / screen)
 
 
 def batch_tau(pairs: Sequence[tuple[float, float]]) -> float | None:
