@@ -9,10 +9,10 @@ ones first, then by non-dominated layer (the trials so far and the predictions s
 together), accuracy predicted optimistically where the model has a spread.  Candidates
 passed over are reconsidered, with the refit predictor, at every later refit (the
 engine keeps them).  The strategy is told real values for those evaluated and predicted
-values for the rest, so it runs `screen` times as many generations for the same budget.
-Each refit is logged (`surrogate.csv` in the run folder) with the Kendall tau between
-predicted and real accuracy on the batch it screened in, and over every candidate
-screened in so far.
+values (as ranked) for the rest, so it runs `screen` times as many generations for the
+same budget.  Each refit is logged (`surrogate.csv` in the run folder) with the Kendall
+tau between predicted (as ranked) and real accuracy on the batch it screened in, and
+over every candidate screened in so far.
 """
 
 from __future__ import annotations

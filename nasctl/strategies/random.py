@@ -23,19 +23,15 @@ class RandomStrategy(Strategy):
         self._next = 0
 
     def _ask(self, n: int) -> list[dict]:
-        if self._order is None:
-            out = []
-            while len(out) < n and (arch := self.fresh(lambda: self.space.sample(self.rng))) is not None:
-                out.append(arch)
-            return out
-        return self._enumerate(n)
-
-    def _enumerate(self, n: int) -> list[dict]:
-        """The next `n` architectures of the shuffled list."""
-        sizes = [len(v.choices) for v in self.space.variables()]
-        codes = self._order[self._next:self._next + n]
-        self._next += len(codes)
-        return [self.space.from_indices(idx) for idx in zip(*np.unravel_index(codes, sizes))]
+        if self._order is not None:  # the next `n` of the shuffled list
+            codes = self._order[self._next:self._next + n]
+            self._next += len(codes)
+            sizes = [len(v.choices) for v in self.space.variables()]
+            return [self.space.from_indices(idx) for idx in zip(*np.unravel_index(codes, sizes))]
+        out = []
+        while len(out) < n and (arch := self.fresh(lambda: self.space.sample(self.rng))) is not None:
+            out.append(arch)
+        return out
 
     def _tell(self, archs: Sequence[Arch], F: np.ndarray, G: np.ndarray) -> None:
         pass
