@@ -94,7 +94,7 @@ def search(table: Table, strategy_name: str, budget: int, seed: int, screen: int
     computes exactly on a device, come from the table."""
     name, _, kind = strategy_name.partition("+")
     strategy = STRATEGIES.get(name)()
-    strategy.setup(table.space, 2, 0, seed=seed, budget=budget * (screen if kind else 1))
+    strategy.setup(table.space, 2, 0, seed=seed, budget=budget * (screen if kind else 1), pool=bool(kind))
     surrogate = Surrogate(kind, table.space, seed=seed, budget=budget) if kind else None
     seen: dict[str, np.ndarray] = {}
     passed_over: dict[str, dict] = {}  # as the engine: reconsidered at every refit

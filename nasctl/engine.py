@@ -355,9 +355,9 @@ def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int
           on_trial: Callable[[dict, int], None] | None = None) -> None:
     cfg, space = evaluator.cfg, evaluator.space
     strategy = STRATEGIES.get(cfg.strategy)()
-    # With a surrogate, the strategy is told about `screen` candidates per real evaluation.
+    # With a surrogate, the strategy proposes `screen` candidates per real evaluation, a pool at a time.
     strategy.setup(space, len(cfg.objectives), len(evaluator.constraints), seed=cfg.seed + worker,
-                   budget=cfg.budget * (cfg.screen if cfg.surrogate else 1))
+                   budget=cfg.budget * (cfg.screen if cfg.surrogate else 1), pool=bool(cfg.surrogate))
     surrogate = Surrogate(cfg.surrogate, space, seed=cfg.seed + worker, budget=cfg.budget) if cfg.surrogate else None
     screened: list[tuple[float, float]] = []  # (real, predicted) accuracy of every screened-in trial
     # Candidates the surrogate passed over: reconsidered at every refit (strategies do not

@@ -81,6 +81,19 @@ def test_surrogate_screens_proposals_and_logs_kendall_tau(table, tmp_path):
     assert float(log[-1]["kendall_tau_so_far"]) > 0.4
 
 
+def test_a_one_at_a_time_strategy_proposes_screen_candidates_per_real_evaluation(table, tmp_path):
+    path, _ = table
+    run = tmp_path / "run"
+    result = table_search(path, "--budget", "30", "--strategy", "tpe", "--surrogate", "ridge", "--screen", "4",
+                          "--run-dir", str(run))
+    assert result.exit_code == 0, result.output
+    log = read_csv(run / "surrogate.csv")
+    # a refit every 5 real evaluations (after 10 warm-up trials): 4 x 5 proposals for
+    # each (fewer for the last, where the budget has less left); one at a time, it was 1
+    assert len(log) >= 2 and int(log[0]["proposed"]) == 20
+    assert all(4 * int(r["evaluated"]) <= int(r["proposed"]) <= 20 for r in log)
+
+
 def test_surrogate_search_is_deterministic(table, tmp_path):
     path, _ = table
     args = ["--budget", "24", "--surrogate", "ridge", "--seed", "2"]

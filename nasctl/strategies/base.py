@@ -24,11 +24,15 @@ class Strategy(ABC):
     where every entry <= 0).  `ask(n)` returns at most `n` architectures: the
     strategy's natural batch (a generation, a few Bayesian proposals), each a valid
     choice for every knob, none proposed before where the strategy can avoid it.
-    Subclasses implement `_setup`, `_ask` and `_tell`.
+    With `pool` set (a surrogate screens the proposals), strategies that otherwise
+    propose one architecture at a time return as many as asked for, drawn from the
+    same state of their model.  Subclasses implement `_setup`, `_ask` and `_tell`.
     """
 
-    def setup(self, space: SearchSpace, n_obj: int, n_constr: int, *, seed: int, budget: int) -> None:
+    def setup(self, space: SearchSpace, n_obj: int, n_constr: int, *, seed: int, budget: int,
+              pool: bool = False) -> None:
         self.space = space
+        self.pool = pool
         self.n_obj = n_obj
         self.n_constr = n_constr
         self.seed = seed

@@ -7,7 +7,9 @@ objective values, its constraint values set on the trial first (the samplers rea
 them: feasible where every value <= 0).  Where the sampler proposes an architecture
 proposed before, that trial is told as failed (the samplers skip failed trials) and
 a new neighbour of it (the space's `mutate`), else a new random architecture, is
-enqueued and asked instead.
+enqueued and asked instead.  One proposal per ask; with a surrogate screening them
+(`pool`), as many as asked for, each drawn from the sampler's model of the trials
+told so far.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from .base import Strategy, one_thread, ordered_knobs
 
 
 class _OptunaStrategy(Strategy):
-    batch = 1  # proposals per ask
 
     @abstractmethod
     def _sampler(self) -> optuna.samplers.BaseSampler:
@@ -51,7 +52,7 @@ class _OptunaStrategy(Strategy):
     @one_thread
     def _ask(self, n: int) -> list[dict]:
         out = []
-        for _ in range(min(n, self.batch)):
+        for _ in range(n if self.pool else 1):
             trial = self._study.ask(self._distributions)
             arch = self._arch(trial.params)
             if arch_key(arch) in self.proposed:

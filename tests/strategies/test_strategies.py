@@ -40,11 +40,11 @@ def small(space, arch):
     return np.count_nonzero(space.to_indices(arch)) - len(space.variables()) // 2
 
 
-def drive(name, space, seed, n_total, constraint=None, max_ask=None):
+def drive(name, space, seed, n_total, constraint=None, max_ask=None, pool=False):
     """Run a strategy as the engine does: ask for what the budget has left (or at most
     `max_ask`), evaluate, tell; returns every proposal and each ask's size."""
     strategy = STRATEGIES.get(name)()
-    strategy.setup(space, 2, 0 if constraint is None else 1, seed=seed, budget=n_total)
+    strategy.setup(space, 2, 0 if constraint is None else 1, seed=seed, budget=n_total, pool=pool)
     proposed, sizes = [], []
     while len(proposed) < n_total:
         asked = min(n_total - len(proposed), max_ask or n_total)
@@ -86,6 +86,16 @@ def test_never_more_than_asked(name):
     _, sizes = drive(name, load_space("nb201"), 0, 12, max_ask=3)
     assert max(sizes) <= 3
     assert drive(name, load_space("nb201"), 0, 12, max_ask=1)[1] == [1] * 12
+
+
+@pytest.mark.parametrize("name", ["tpe", "gp"])
+def test_bayesian_samplers_propose_one_at_a_time_or_a_pool_to_screen(name):
+    space = load_space("nb201")
+    assert drive(name, space, 0, 4)[1] == [1] * 4
+    # past the samplers' 10 random trials, so the third pool comes from the model
+    proposed, sizes = drive(name, space, 0, 24, max_ask=8, pool=True)
+    assert sizes == [8, 8, 8] and len({arch_key(a) for a in proposed}) == 24
+    assert drive(name, space, 0, 24, max_ask=8, pool=True)[0] == proposed
 
 
 class Tiny(SearchSpace):
