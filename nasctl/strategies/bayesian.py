@@ -27,7 +27,6 @@ from .base import Strategy, one_thread, ordered_knobs
 
 
 class _OptunaStrategy(Strategy):
-
     @abstractmethod
     def _sampler(self) -> optuna.samplers.BaseSampler:
         """The optuna sampler, seeded from `self.seed`."""
