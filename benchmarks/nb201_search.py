@@ -52,7 +52,7 @@ DEVICES = ("eyeriss", "fpga", "pixel3", "raspi4")
 STALLED_ROUNDS = 50  # as the engine: stop after this many rounds proposing nothing new
 SLOW = ("gp",)       # ~1 s a proposal: run on its own with fewer seeds
 # Screened searches run by default besides every strategy but SLOW: random proposals,
-# nearly the whole space by the first refit, screened by a GP on path encodings.
+# nearly the whole space by the first refit, screened by a GP on WL features.
 SCREENED = ("random+gp:600",)
 
 

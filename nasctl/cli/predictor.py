@@ -54,7 +54,7 @@ def train(
              "default: the COLUMN of table:PATH:COLUMN.", show_default=False)] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of every random choice.")] = 0,
     encoding: Annotated[Optional[str], typer.Option(
-        help="onehot or ordinal; adjacency or path on cell spaces (default: path there, else onehot).",
+        help="onehot or ordinal; adjacency, path or wl on cell spaces (default: wl there, else onehot).",
         show_default=False)] = None,
     zero_cost: Annotated[Optional[str], typer.Option(
         help="Zero-cost proxies to add as features, comma-separated: synflow, naswot, grad_norm.",

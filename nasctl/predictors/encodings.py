@@ -12,12 +12,20 @@ Architecture Search" (NeurIPS 2020):
   path       how often each sequence of ops occurs along the paths from the cell input
              to its output (paths through a `none` edge carry nothing): the BANANAS
              path encoding, 4 + 4² + 4³ = 84 features for NB201's ops
+  wl         Weisfeiler-Lehman subtree features (Shervashidze et al., JMLR 2011; as a
+             NAS kernel, Ru et al., "Interpretable Neural Architecture Search via
+             Bayesian Optimisation with Weisfeiler-Lehman Kernels", ICLR 2021) of the
+             cell's live op-on-node graph - only the nodes on a path from the cell input
+             to its output, so that cells computing the same function encode alike:
+             how often each node label occurs, and each label together with the sorted
+             labels of the node's live predecessors and successors (one WL iteration).
+             The features are those that occur anywhere in the space (NB201: 254)
   graph      the op-on-node graph as matrices, for the graph network (`gcn`)
 """
 
 from __future__ import annotations
 
-from itertools import combinations
+from itertools import combinations, product
 from typing import Sequence
 
 import numpy as np
@@ -25,8 +33,8 @@ import numpy as np
 from ..errors import UsageError
 from ..spaces.base import Arch, SearchSpace
 
-VECTOR = ("onehot", "ordinal", "adjacency", "path")
-CELL_ONLY = ("adjacency", "path", "graph")
+VECTOR = ("onehot", "ordinal", "adjacency", "path", "wl")
+CELL_ONLY = ("adjacency", "path", "wl", "graph")
 
 
 class CellGraph:
@@ -34,7 +42,7 @@ class CellGraph:
     edge (j, i), j > i, carries the op its knob names, `none` meaning no connection."""
 
     def __init__(self, nodes: int, edges: Sequence[tuple[int, int]], knobs: Sequence[str], ops: Sequence[str]):
-        self.nodes, self.edges, self.knobs = nodes, list(edges), list(knobs)
+        self.nodes, self.edges, self.knobs, self.choices = nodes, list(edges), list(knobs), list(ops)
         self.ops = [op for op in ops if op != "none"]  # the ops that carry data
         # Op-on-node graph: node 0 the cell input, 1..E the edges, E+1 the cell output.
         self.size = len(self.edges) + 2
@@ -87,6 +95,49 @@ class CellGraph:
         return out
 
 
+    def live(self, arch: Arch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`graph(arch)` and a mask of its live nodes: those on a path from the cell input
+        to its output (none in a degenerate cell)."""
+        adjacency, labels = self.graph(arch)
+        reach = np.eye(self.size, dtype=bool) | (adjacency > 0)
+        for _ in range(self.size.bit_length()):  # transitive closure by squaring
+            reach = reach | ((reach.astype(int) @ reach.astype(int)) > 0)
+        return adjacency, labels, reach[0] & reach[:, -1]
+
+    def wl_labels(self, arch: Arch) -> list[tuple]:
+        """The WL subtree labels of the live op-on-node graph, one of each kind per live
+        node: (label,) and (label, predecessors' labels, successors' labels)."""
+        adjacency, labels, live = self.live(arch)
+        nodes = np.flatnonzero(live)
+        out = [(int(labels[v]),) for v in nodes]
+        for v in nodes:
+            before = tuple(sorted(int(labels[u]) for u in nodes if adjacency[u, v]))
+            after = tuple(sorted(int(labels[w]) for w in nodes if adjacency[v, w]))
+            out.append((int(labels[v]), before, after))
+        return out
+
+    def wl(self, arch: Arch) -> np.ndarray:
+        vocabulary = _wl_vocabulary(self)
+        out = np.zeros(len(vocabulary))
+        for label in self.wl_labels(arch):
+            out[vocabulary[label]] += 1
+        return out
+
+
+_WL_VOCABULARIES: dict[tuple, dict[tuple, int]] = {}
+
+
+def _wl_vocabulary(cell: CellGraph) -> dict[tuple, int]:
+    """Index of every WL label that occurs in some cell of this shape (sorted: the order
+    does not depend on what was encoded first); built once per process."""
+    key = (cell.nodes, tuple(cell.edges), tuple(cell.choices))
+    if key not in _WL_VOCABULARIES:
+        seen = {label for ops in product(cell.choices, repeat=len(cell.edges))
+                for label in cell.wl_labels(dict(zip(cell.knobs, ops)))}
+        _WL_VOCABULARIES[key] = {label: i for i, label in enumerate(sorted(seen))}
+    return _WL_VOCABULARIES[key]
+
+
 def _node_paths(nodes: int, length: int) -> list[tuple[int, ...]]:
     """Increasing node sequences of `length` from node 0 to node nodes-1."""
     return [(0, *middle, nodes - 1) for middle in combinations(range(1, nodes - 1), length - 2)]
@@ -107,8 +158,8 @@ def allowed(space: SearchSpace) -> tuple[str, ...]:
 
 
 def default(space: SearchSpace) -> str:
-    """Path encoding for cell spaces (it ranks best there), one-hot elsewhere."""
-    return "path" if cell_graph(space) is not None else "onehot"
+    """WL features for cell spaces (they rank best there), one-hot elsewhere."""
+    return "wl" if cell_graph(space) is not None else "onehot"
 
 
 def check(space: SearchSpace, kind: str, accepted: Sequence[str], model: str) -> None:

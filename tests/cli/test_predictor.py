@@ -52,7 +52,7 @@ def test_train_list_show_predict_eval(ws, tmp_path, space):
     card = yaml.safe_load((ws / "predictors" / "acc-ridge" / "card.yaml").read_text())
     assert card["space"] == "nb201" and card["target"] == ["acc"] and card["model"] == "ridge"
     assert card["data"]["rows"] == 80 and len(card["data"]["sha256"]) == 64 and card["format"] == 1
-    assert "scikit-learn" in card["versions"] and card["encoding"] == "path"
+    assert "scikit-learn" in card["versions"] and card["encoding"] == "wl"
 
     listed = json.loads(invoke("--workspace", ws, "predictor", "list", "--json").stdout)
     assert [(r["name"], r["model"], r["origin"]) for r in listed] == [("acc-ridge", "ridge", "workspace")]

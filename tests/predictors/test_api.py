@@ -16,7 +16,7 @@ def test_registry_lists_every_model_kind():
     assert PREDICTORS.names() == ["gbt", "gcn", "gp", "mlp", "ridge"]
 
 
-@pytest.mark.parametrize("encoding", ["onehot", "ordinal", "adjacency", "path"])
+@pytest.mark.parametrize("encoding", ["onehot", "ordinal", "adjacency", "path", "wl"])
 def test_ridge_learns_a_linear_target(nb201, encoding, toy_data):
     archs, y = toy_data(nb201, 200)
     p = make_predictor("ridge", nb201, encoding=encoding).fit(archs[:150], y[:150])
@@ -30,7 +30,7 @@ def test_save_load_predicts_identically_and_checks_the_space(nb201, mbv2, tmp_pa
     p = make_predictor("ridge", nb201, seed=3).fit(archs, y)
     card = yaml.safe_load(p.save(tmp_path / "p", {"target": ["acc"]}).read_text())
     assert card["model"] == "ridge" and card["space"] == "nb201" and card["format"] == 1
-    assert card["encoding"] == "path" and "numpy" in card["versions"] and card["target"] == ["acc"]
+    assert card["encoding"] == "wl" and "numpy" in card["versions"] and card["target"] == ["acc"]
     q = load_predictor(tmp_path / "p")
     assert np.array_equal(q.predict(archs)[0], p.predict(archs)[0])
     with pytest.raises(UsageError, match="trained for space 'nb201', not 'ee-mbv2'"):
@@ -82,6 +82,20 @@ def test_cell_encodings_of_nb201(nb201):
     assert adjacency[0, 1] == 1 and adjacency[1, 3] == 1 and adjacency[3, 6] == 1 and adjacency[6, 7] == 1
     assert adjacency[:, 2].sum() == 0 and adjacency[5].sum() == 0  # `none` edges connect nothing
     assert cell_graph(load_space("ee-mbv2")) is None
+
+
+def test_wl_features_see_the_function_a_cell_computes(nb201):
+    """Ops that feed only `none` edges are dead: a cell encodes as the cell without them."""
+    cell = cell_graph(nb201)
+    pool = nb201.parse_arch("|none~0|+|none~0|none~1|+|avg_pool_3x3~0|none~1|none~2|")
+    dead_conv = nb201.parse_arch("|nor_conv_3x3~0|+|none~0|none~1|+|avg_pool_3x3~0|none~1|none~2|")
+    live_conv = nb201.parse_arch("|nor_conv_3x3~0|+|none~0|none~1|+|avg_pool_3x3~0|nor_conv_3x3~1|none~2|")
+    wl = [cell.wl(a) for a in (pool, dead_conv, live_conv)]
+    assert wl[0].shape == (254,) and wl[0].sum() == 6  # input, pool, output; each with its neighbours
+    assert np.array_equal(wl[0], wl[1]) and wl[2].sum() == 10 and not np.array_equal(wl[0], wl[2])
+    assert sorted(cell.wl_labels(pool)) == [(0,), (0, (), (5,)), (1,), (1, (5,), ()), (5,), (5, (0,), (1,))]
+    degenerate = nb201.parse_arch("|nor_conv_3x3~0|+|none~0|none~1|+|none~0|none~1|none~2|")
+    assert not cell.wl(degenerate).any()
 
 
 def test_metrics():
