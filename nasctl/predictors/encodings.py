@@ -94,7 +94,6 @@ class CellGraph:
             out[self._path_offsets[len(ops) - 1] + index] += 1
         return out
 
-
     def live(self, arch: Arch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`graph(arch)` and a mask of its live nodes: those on a path from the cell input
         to its output (none in a degenerate cell)."""
