@@ -56,7 +56,8 @@ def one(task: tuple[int, str, int]) -> tuple[float, float, float]:
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # optimiser convergence notes
-        predictor = make_predictor(model, space, seed=seed, **({"encoding": encoding} if encoding else {})).fit([archs[i] for i in train], y[train])
+        options = {"encoding": encoding} if encoding else {}
+        predictor = make_predictor(model, space, seed=seed, **options).fit([archs[i] for i in train], y[train])
     secs = time.perf_counter() - t0
     mean, _ = predictor.predict([archs[i] for i in test])
     return kendall_tau(y[test], mean), spearman(y[test], mean), secs
@@ -74,8 +75,8 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder holding nb201_acc.csv")
     ap.add_argument("--sizes", default="50,100,200,1000", help="numbers of training architectures")
     ap.add_argument("--splits", type=int, default=10, help="random splits (seeds 0..splits-1) per size")
-    ap.add_argument("--models", default=",".join(PREDICTORS.names()), help="predictor models to compare; MODEL:ENCODING for one on another "
-                                                                      "encoding than its default")
+    ap.add_argument("--models", default=",".join(PREDICTORS.names()),
+                    help="predictor models to compare; MODEL:ENCODING for one on another encoding than its default")
     ap.add_argument("--column", default="cifar10_test", help="accuracy column of nb201_acc.csv")
     ap.add_argument("--jobs", type=int, default=1, help="predictors fitted at a time (worker processes)")
     args = ap.parse_args()
