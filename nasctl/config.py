@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 from .objectives import check_objectives
@@ -14,6 +14,8 @@ from .specs import problem, validation_message
 
 # How an early exit measures its confidence (see nasctl.evaluation.train.confidence).
 EXIT_POLICIES = ("max-softmax", "entropy")
+SEED_LIMIT = 2**32  # seeds are 0 ... 2**32 - 1, what every seeded library takes
+DEFAULT_DROP = 1.0  # max_accuracy_drop's default, accuracy points
 
 
 class SearchConfig(BaseModel):
@@ -36,7 +38,7 @@ class SearchConfig(BaseModel):
     exit_rates: Optional[dict[str, float]] = None  # early exit name -> target share of inputs
     pin: dict[str, Union[int, float, str]] = {}  # knob -> the one value the search may give it
     co_search: bool = False  # search the device's own knobs (its spec's co_search section) too
-    seed: int = Field(default=0, ge=0)
+    seed: int = 0  # 0 <= seed < SEED_LIMIT
     train_device: Literal["auto", "cpu", "cuda"] = "auto"
     max_latency_ms: Optional[float] = Field(default=None, gt=0)
     max_energy_mj: Optional[float] = Field(default=None, gt=0)
@@ -44,7 +46,7 @@ class SearchConfig(BaseModel):
     max_weight_kib: Optional[Union[float, str]] = None  # KiB, or "device": the device's on-chip weight memory
     min_accuracy: Optional[float] = Field(default=None, ge=0, le=100)  # percent
     accuracy_baseline: Optional[str] = None  # a run: accuracy >= its best feasible accuracy - max_accuracy_drop
-    max_accuracy_drop: float = Field(default=1.0, ge=0)  # points, with accuracy_baseline
+    max_accuracy_drop: float = Field(default=DEFAULT_DROP, ge=0)  # points, with accuracy_baseline
     storage: Optional[str] = None
     study: Optional[str] = None
     workers: int = Field(default=1, ge=1)
@@ -52,6 +54,27 @@ class SearchConfig(BaseModel):
                                                         # nasctl.engine.train_threads)
     surrogate: Optional[str] = None  # a predictor model kind screening the proposals
     screen: int = Field(default=5, ge=2)  # candidates proposed per real evaluation with a surrogate
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v: int) -> int:
+        if not 0 <= v < SEED_LIMIT:
+            raise ValueError(f"{v} is out of range; allowed: 0 <= seed < {SEED_LIMIT} (2**32)")
+        return v
+
+    @model_validator(mode="after")
+    def _worker_seeds(self) -> "SearchConfig":
+        if self.seed + self.workers - 1 >= SEED_LIMIT:  # worker k seeds its strategy with seed + k
+            raise ValueError(f"seed: {self.seed} with {self.workers} workers is out of range (worker k takes seed + k); "
+                             f"allowed: 0 <= seed <= {SEED_LIMIT - self.workers}")
+        return self
+
+    @model_validator(mode="after")
+    def _drop_needs_baseline(self) -> "SearchConfig":
+        if self.accuracy_baseline is None and self.max_accuracy_drop != DEFAULT_DROP:
+            raise ValueError("max_accuracy_drop: needs accuracy_baseline (the run whose accuracy it is "
+                             "measured from); give both or neither")
+        return self
 
     @field_validator("max_weight_kib", mode="before")
     @classmethod
@@ -125,6 +148,9 @@ def make_config(file_values: dict | None = None, source: str = "setting", **flag
     (and the file)."""
     given = {k: v for k, v in flags.items() if v is not None}
     values = {**(file_values or {}), **given}
+    if "max_accuracy_drop" in given and values.get("accuracy_baseline") is None:
+        raise ConfigError(f"--max-accuracy-drop {given['max_accuracy_drop']}: needs --accuracy-baseline RUN "
+                          "(the run whose best feasible accuracy the drop is measured from)")
     try:
         cfg = SearchConfig(**values)
     except ValidationError as e:

@@ -33,10 +33,11 @@ def problem(first: dict) -> str:
 def validation_message(err: Exception) -> str:
     """The first problem of a pydantic ValidationError as 'key.path: message'."""
     first = err.errors()[0]  # type: ignore[attr-defined]
-    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    loc = ".".join(str(p) for p in first["loc"])
     msg = problem(first)
     more = len(err.errors()) - 1  # type: ignore[attr-defined]
-    return f"{loc}: {msg}" + (f" (and {more} more)" if more else "")
+    # a check of several keys at once has no single path: its message names the keys
+    return (f"{loc}: {msg}" if loc else msg) + (f" (and {more} more)" if more else "")
 
 
 def build(path: Path, registry, what: str):

@@ -4,7 +4,10 @@ need them, so `nasctl --help` starts fast."""
 
 from __future__ import annotations
 
+import os
 import sys
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -21,7 +24,8 @@ class NasctlGroup(TyperGroup):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            with _library_warnings():
+                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.TyperException as e:  # usage errors: bad flag, bad value
             if not standalone_mode:
                 raise
@@ -43,6 +47,36 @@ class NasctlGroup(TyperGroup):
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+WARNINGS_ENV = "NASCTL_WARNINGS"
+
+
+@contextmanager
+def _library_warnings():
+    """Python warnings of the libraries nasctl drives (scikit-learn's ConvergenceWarning,
+    numpy's overflow RuntimeWarning, ...) are not the user's to act on: they stay off the
+    terminal, in worker processes too, unless NASCTL_WARNINGS=1 (or python -W /
+    PYTHONWARNINGS) asks for them."""
+    if os.environ.get(WARNINGS_ENV, "") not in ("", "0"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            yield
+        return
+    if sys.warnoptions:  # the interpreter was told what to show
+        yield
+        return
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = "ignore"  # spawned workers start with it
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONWARNINGS", None)
+        else:
+            os.environ["PYTHONWARNINGS"] = before
 
 
 def _fail(message: str, code: int):

@@ -159,6 +159,8 @@ def _assignments(flag: str, text: Optional[str], kind, example: str) -> Optional
         try:
             if not (eq and name.strip()):
                 raise ValueError
+            if name.strip() in out:
+                raise typer.BadParameter(f"'{name.strip()}' is given twice; give each name once", param_hint=flag)
             out[name.strip()] = kind(value.strip())
         except ValueError:
             raise typer.BadParameter(f"'{item}' is not NAME=VALUE (e.g. {flag} {example})",
