@@ -22,7 +22,8 @@ from pathlib import Path
 from nasctl import workspace
 from nasctl.hardware.fit import write_device
 from nasctl.hardware.loader import load_device
-from nasctl.hardware.profiler import Protocol, profile_machine, validate_models
+from nasctl.hardware.measure.profile import profile_machine, validate_models
+from nasctl.hardware.measure.timing import Protocol
 
 DEFAULT_WORKSPACE = Path(__file__).resolve().parents[1] / "runs" / "cpu-local-bench"
 

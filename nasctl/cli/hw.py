@@ -91,7 +91,8 @@ def profile(
     inside them and times them end to end (interleaved rounds, minimum), then fits the
     per-kernel regressors and the per-model overhead.  A few minutes with the defaults."""
     from ..hardware.fit import write_device
-    from ..hardware.profiler import Protocol, profile_machine
+    from ..hardware.measure.profile import profile_machine
+    from ..hardware.measure.timing import Protocol
 
     folder = workspace.new_entry("hardware", device, "device")
     protocol = Protocol(threads=threads, rounds=5 if quick else rounds, repeats=2 if quick else 3)
@@ -192,7 +193,7 @@ def validate(
     Every model is timed with onnxruntime by the device's protocol (its threads;
     interleaved rounds, minimum) and priced by the device; prints each model's error and
     the share of models within ±5% and ±10%, and the RMS percentage error."""
-    from ..hardware.profiler import validate_models
+    from ..hardware.measure.profile import validate_models
 
     dev = _device(device)
     with _Bar("measuring") as bar:

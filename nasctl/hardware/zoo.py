@@ -561,7 +561,7 @@ def _quantize(float_path: Path, path: Path, shape: tuple[int, ...], samples: int
     import numpy as np
     from onnxruntime.quantization import quant_pre_process
 
-    from .profiler import quantize_int8
+    from .measure.context import quantize_int8
 
     prepared = float_path.with_name("prepared.onnx")
     quant_pre_process(float_path, prepared)

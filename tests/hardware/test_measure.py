@@ -5,8 +5,10 @@ import pytest
 from nasctl.hardware.layers import LayerSpec
 from nasctl.hardware.lut import LUT_COLUMNS, LutDevice, kernel_type, layer_from_row, read_lut
 from nasctl.hardware.onnx_import import import_onnx
-from nasctl.hardware.profiler import (TAG, NetBuilder, Protocol, attribute, in_context_costs, measure_models,
-                                      measure_networks, profile_machine, quantize, random_network)
+from nasctl.hardware.measure.attribution import attribute, in_context_costs, measure_networks
+from nasctl.hardware.measure.context import TAG, NetBuilder, quantize, random_network
+from nasctl.hardware.measure.profile import profile_machine
+from nasctl.hardware.measure.timing import Protocol, measure_models
 
 
 def tiny(tmp_path, name, convs):
@@ -159,12 +161,12 @@ def test_energy_is_recorded_where_the_machine_has_counters(monkeypatch, tmp_path
     """A fake RAPL counter that rises at 2 W: each kernel's energy is its time x 2 W."""
     import time
 
-    from nasctl.hardware import profiler
+    from nasctl.hardware.measure import attribution, timing
 
     counter = tmp_path / "energy_uj"
     counter.write_text("0")
-    monkeypatch.setattr(profiler, "energy_counters", lambda: [counter])
-    monkeypatch.setattr(profiler, "read_energy_uj", lambda: time.perf_counter() * 2e6)
+    monkeypatch.setattr(attribution, "energy_counters", lambda: [counter])
+    monkeypatch.setattr(timing, "read_energy_uj", lambda: time.perf_counter() * 2e6)
     fitted = profile_machine("cpu-local", Protocol(rounds=2, repeats=1, warmup=1), kernels=20, seed=4)
     assert fitted.spec["models_energy"] is True and "RAPL" in fitted.spec["energy"]
     device = fitted.device()
@@ -174,9 +176,9 @@ def test_energy_is_recorded_where_the_machine_has_counters(monkeypatch, tmp_path
 
 
 def test_no_counters_means_latency_only(monkeypatch):
-    from nasctl.hardware import profiler
+    from nasctl.hardware.measure import attribution
 
-    monkeypatch.setattr(profiler, "energy_counters", lambda: [])
+    monkeypatch.setattr(attribution, "energy_counters", lambda: [])
     fitted = profile_machine("cpu-local", Protocol(rounds=2, repeats=1, warmup=1), kernels=20, seed=5)
     assert fitted.spec["models_energy"] is False and fitted.spec["energy"].startswith("latency only")
     assert not fitted.device().models_energy

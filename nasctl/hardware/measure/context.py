@@ -1,0 +1,505 @@
+"""Context networks: random ONNX networks made of the blocks real models are made of.
+
+They are built with `onnx.helper` from conv stacks, residual basic and bottleneck blocks,
+inverted residuals with squeeze-excite, fire modules, dense and shuffle units, U-Net
+encoder-decoders (max pooling, nearest/linear resize or transposed conv, skip
+concatenation), and transformer / mixer blocks (layer norm, linear, attention matmuls,
+softmax, GELU) - over inputs of 32-224 px, 3-1024 channels, kernels 1-7 (and patch
+embeddings), strides 1-2, dense, grouped and depthwise convs, float32 and int8 (conv nets
+quantized by onnxruntime's static quantizer, QDQ, as users quantize models for
+onnxruntime; it runs them as QLinearConv / QGemm where it can).  Resizes are written as
+exporters write them (the coordinate mode decides whether onnxruntime runs them in its
+blocked layout).  Every node of a kernel carries the kernel's tag (`TAG`) in its name, so
+onnxruntime's profile can be attributed back to kernels (`attribution`).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+OPSET = 20
+TAG = re.compile(r"k(\d+):")
+
+
+class NetBuilder:
+    """Builds a float32 ONNX graph kernel by kernel.  Each kernel gets a tag `k<n>:` that
+    prefixes the names of its nodes and of the tensors they write, so onnxruntime's profile
+    (whose node names derive from either) can be attributed back to kernels.  `quantize`
+    makes an int8 network of one."""
+
+    def __init__(self, rng: np.random.Generator, input_shape: Sequence[int]):
+        self.rng = rng
+        self.nodes: list = []
+        self.inits: list = []
+        self.shapes: dict[str, tuple[int, ...]] = {"input": tuple(input_shape)}
+        self.kernels = 0
+        self.macs = 0
+        self._consts = 0
+
+    # -- plumbing --
+    def _tag(self) -> str:
+        self.kernels += 1
+        return f"k{self.kernels}:"
+
+    def const(self, values, dtype=np.float32) -> str:
+        from onnx import numpy_helper
+
+        self._consts += 1
+        name = f"c{self._consts}"
+        array = np.asarray(values, dtype=dtype)
+        self.inits.append(numpy_helper.from_array(array, name))
+        self.shapes[name] = array.shape
+        return name
+
+    def node(self, op: str, inputs: list[str], tag: str, out: str, shape: tuple[int, ...], **attrs) -> str:
+        from onnx import helper
+
+        name = f"{tag}{out}_{len(self.nodes)}"
+        self.nodes.append(helper.make_node(op, inputs, [name], name=f"{tag}{op.lower()}_{len(self.nodes)}", **attrs))
+        self.shapes[name] = tuple(shape)
+        return name
+
+    def _weight(self, shape: Sequence[int], fan_in: int) -> str:
+        return self.const(self.rng.standard_normal(shape) / np.sqrt(max(fan_in, 1)))
+
+    def _act(self, x: str, fn: str, tag: str) -> str:
+        shape = self.shapes[x]
+        if not fn:
+            return x
+        if fn == "relu6":
+            return self.node("Clip", [x, self.const(0.0), self.const(6.0)], tag, "act", shape)
+        if fn == "swish":
+            s = self.node("Sigmoid", [x], tag, "sig", shape)
+            return self.node("Mul", [x, s], tag, "act", shape)
+        op = {"relu": "Relu", "hardswish": "HardSwish", "sigmoid": "Sigmoid", "hardsigmoid": "HardSigmoid",
+              "gelu": "Gelu", "tanh": "Tanh", "leakyrelu": "LeakyRelu"}[fn]
+        return self.node(op, [x], tag, "act", shape)
+
+    # -- kernels on N, C, H, W tensors --
+    def conv(self, x: str, cout: int, k: int = 3, stride: int = 1, groups: int = 1, act: str = "",
+             pad: Optional[int] = None) -> str:
+        tag = self._tag()
+        _, cin, h, w = self.shapes[x]
+        pad = k // 2 if pad is None else pad
+        oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+        weight = self._weight((cout, cin // groups, k, k), cin // groups * k * k)
+        y = self.node("Conv", [x, weight, self.const(self.rng.standard_normal(cout) * 0.1)], tag, "conv",
+                      (1, cout, oh, ow), kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=groups)
+        self.macs += oh * ow * cout * (cin // groups) * k * k
+        return self._act(y, act, tag)
+
+    def conv_transpose(self, x: str, cout: int, k: int = 2, stride: int = 2) -> str:
+        tag = self._tag()
+        _, cin, h, w = self.shapes[x]
+        weight = self._weight((cin, cout, k, k), cin * k * k)
+        shape = (1, cout, (h - 1) * stride + k, (w - 1) * stride + k)
+        self.macs += h * w * cin * cout * k * k
+        return self.node("ConvTranspose", [x, weight, self.const(np.zeros(cout))], tag, "convt", shape,
+                         kernel_shape=[k, k], strides=[stride, stride])
+
+    def pool(self, x: str, kind: str, k: int = 2, stride: int = 2, pad: int = 0) -> str:
+        tag = self._tag()
+        n, c, h, w = self.shapes[x]
+        shape = (n, c, (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1)
+        op = "MaxPool" if kind == "max" else "AveragePool"
+        return self.node(op, [x], tag, "pool", shape, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
+
+    def global_pool(self, x: str) -> str:
+        tag = self._tag()
+        n, c = self.shapes[x][:2]
+        return self.node("GlobalAveragePool", [x], tag, "gap", (n, c, 1, 1))
+
+    def add(self, a: str, b: str) -> str:
+        tag = self._tag()
+        return self.node("Add", [a, b], tag, "add", self.shapes[a])
+
+    def mul(self, a: str, b: str) -> str:
+        tag = self._tag()
+        return self.node("Mul", [a, b], tag, "mul", self.shapes[a])
+
+    def act(self, x: str, fn: str) -> str:
+        tag = self._tag()
+        return self._act(x, fn, tag)
+
+    def batch_norm(self, x: str) -> str:
+        tag = self._tag()
+        c = self.shapes[x][1]
+        params = [self.const(v) for v in (np.ones(c), np.zeros(c), np.zeros(c), np.ones(c))]
+        return self.node("BatchNormalization", [x, *params], tag, "bn", self.shapes[x])
+
+    def concat(self, xs: Sequence[str], axis: int = 1) -> str:
+        tag = self._tag()
+        shape = list(self.shapes[xs[0]])
+        shape[axis] = sum(self.shapes[x][axis] for x in xs)
+        return self.node("Concat", list(xs), tag, "cat", tuple(shape), axis=axis)
+
+    def split(self, x: str, parts: Sequence[int]) -> list[str]:
+        from onnx import helper
+
+        tag = self._tag()
+        outs = [f"{tag}split{i}_{len(self.nodes)}" for i in range(len(parts))]
+        self.nodes.append(helper.make_node("Split", [x, self.const(list(parts), np.int64)], outs,
+                                           name=f"{tag}split_{len(self.nodes)}", axis=1))
+        for name, c in zip(outs, parts):
+            shape = list(self.shapes[x])
+            shape[1] = c
+            self.shapes[name] = tuple(shape)
+        return outs
+
+    # How exporters write upsampling (torch's `nn.Upsample`, TensorFlow's resize ops); the
+    # coordinate mode decides whether onnxruntime runs a Resize in its blocked layout.
+    RESIZE_MODES = {"nearest": {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+                    "linear": {"coordinate_transformation_mode": "half_pixel"}}
+
+    def resize(self, x: str, mode: str, scale: int = 2) -> str:
+        tag = self._tag()
+        n, c, h, w = self.shapes[x]
+        scales = self.const([1.0, 1.0, float(scale), float(scale)])
+        return self.node("Resize", [x, "", scales], tag, "resize", (n, c, h * scale, w * scale), mode=mode,
+                         **self.RESIZE_MODES[mode])
+
+    def reshape(self, x: str, shape: Sequence[int], tag: Optional[str] = None) -> str:
+        tag = tag or self._tag()
+        return self.node("Reshape", [x, self.const(list(shape), np.int64)], tag, "reshape", tuple(shape))
+
+    def transpose(self, x: str, perm: Sequence[int], tag: Optional[str] = None) -> str:
+        tag = tag or self._tag()
+        shape = tuple(self.shapes[x][p] for p in perm)
+        return self.node("Transpose", [x], tag, "transpose", shape, perm=list(perm))
+
+    def channel_shuffle(self, x: str, groups: int = 2) -> str:
+        n, c, h, w = self.shapes[x]
+        y = self.reshape(x, (n, groups, c // groups, h, w))
+        y = self.transpose(y, (0, 2, 1, 3, 4))
+        return self.reshape(y, (n, c, h, w))
+
+    # -- kernels on 1, T, C token tensors --
+    def linear(self, x: str, cout: int, act: str = "") -> str:
+        tag = self._tag()
+        shape = self.shapes[x]
+        cin = shape[-1]
+        y = self.node("MatMul", [x, self._weight((cin, cout), cin)], tag, "mm", (*shape[:-1], cout))
+        y = self.node("Add", [y, self.const(self.rng.standard_normal(cout) * 0.1)], tag, "bias", self.shapes[y])
+        self.macs += int(np.prod(shape[:-1])) * cin * cout
+        return self._act(y, act, tag)
+
+    def classifier(self, x: str, classes: int) -> str:
+        tag = self._tag()
+        flat = self.node("Flatten", [x], tag, "flat", (1, int(np.prod(self.shapes[x][1:]))))
+        cin = self.shapes[flat][1]
+        self.macs += cin * classes
+        return self.node("Gemm", [flat, self._weight((classes, cin), cin), self.const(np.zeros(classes))], tag, "fc",
+                         (1, classes), transB=1)
+
+    def layer_norm(self, x: str) -> str:
+        tag = self._tag()
+        c = self.shapes[x][-1]
+        return self.node("LayerNormalization", [x, self.const(np.ones(c)), self.const(np.zeros(c))],
+                         tag, "ln", self.shapes[x], axis=-1)
+
+    def softmax(self, x: str) -> str:
+        tag = self._tag()
+        return self.node("Softmax", [x], tag, "softmax", self.shapes[x], axis=-1)
+
+    def matmul(self, a: str, b: str) -> str:
+        tag = self._tag()
+        sa, sb = self.shapes[a], self.shapes[b]
+        self.macs += int(np.prod(sa)) * sb[-1]
+        return self.node("MatMul", [a, b], tag, "matmul", (*sa[:-1], sb[-1]))
+
+    def scale(self, x: str, value: float) -> str:
+        tag = self._tag()
+        return self.node("Mul", [x, self.const(value)], tag, "scale", self.shapes[x])
+
+    def token_mean(self, x: str) -> str:
+        tag = self._tag()
+        n, t, c = self.shapes[x]
+        return self.node("ReduceMean", [x, self.const([1], np.int64)], tag, "mean", (n, 1, c), keepdims=1)
+
+    def model(self, output: str):
+        """The ONNX model, with the shape of every tensor (so kernels can be cut out of it)."""
+        from onnx import TensorProto, helper
+
+        def info(name: str):
+            return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(self.shapes[name]))
+
+        inner = [info(o) for n in self.nodes for o in n.output if o != output]
+        graph = helper.make_graph(self.nodes, "context", [info("input")], [info(output)], self.inits, value_info=inner)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="nasctl")
+        model.ir_version = 10
+        return model
+
+
+# Channel counts real models use: multiples of 8 from width multipliers, and ShuffleNetV2's
+# 116 / 244 / 488, whose halves (58, 122) are not multiples of 4.
+WIDTHS = (8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 116, 120, 128, 144, 160, 176, 192, 200, 232, 240, 244,
+          256, 288, 320, 384, 464, 480, 488, 512, 576, 640, 672, 768, 960, 1024)
+SIZES = (32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224)
+CONV_ACTS = ("relu", "relu", "relu6", "hardswish", "swish", "", "gelu", "sigmoid")
+
+
+def _pick(rng: np.random.Generator, values: Sequence, p=None):
+    return values[int(rng.choice(len(values), p=p))]
+
+
+def _width(rng: np.random.Generator, near: float) -> int:
+    """A common channel count near `near`."""
+    w = np.asarray(WIDTHS)
+    idx = int(np.argmin(np.abs(np.log(w / max(near, 1.0)))))
+    return int(w[int(np.clip(idx + rng.integers(-1, 2), 0, len(w) - 1))])
+
+
+class _Blocks:
+    """The blocks of the context networks (each appends its kernels to the builder)."""
+
+    def __init__(self, b: NetBuilder, rng: np.random.Generator):
+        self.b, self.rng = b, rng
+
+    def ch(self, x: str) -> int:
+        return self.b.shapes[x][1]
+
+    def plain(self, x, cout, stride, act):
+        k = _pick(self.rng, (1, 3, 3, 3, 5, 7))
+        groups = _pick(self.rng, (1, 1, 1, 1, 2, 4, 8)) if k > 1 else 1
+        if self.ch(x) % groups or cout % groups:
+            groups = 1
+        return self.b.conv(x, cout, k, stride, groups, act)
+
+    def basic(self, x, cout, stride, act):
+        b = self.b
+        y = b.conv(b.conv(x, cout, 3, stride, act=act), cout, 3)
+        short = x if stride == 1 and self.ch(x) == cout else b.conv(x, cout, 1, stride)
+        return b.act(b.add(y, short), act or "relu")
+
+    def bottleneck(self, x, cout, stride, act):
+        b = self.b
+        width = max(8, cout // 4)
+        y = b.conv(b.conv(b.conv(x, width, 1, act=act), width, 3, stride, act=act), cout, 1)
+        short = x if stride == 1 and self.ch(x) == cout else b.conv(x, cout, 1, stride)
+        return b.act(b.add(y, short), act or "relu")
+
+    def mbconv(self, x, cout, stride, act):
+        b, rng = self.b, self.rng
+        cin = self.ch(x)
+        hidden = cin * _pick(rng, (1, 3, 4, 6, 6))
+        k = _pick(rng, (3, 3, 5, 7))
+        y = b.conv(x, hidden, 1, act=act) if hidden != cin else x
+        y = b.conv(y, hidden, k, stride, groups=hidden, act=act)
+        if rng.random() < 0.4:
+            squeeze = max(8, hidden // 4)
+            gate = b.conv(b.conv(b.global_pool(y), squeeze, 1, act=_pick(rng, ("relu", "swish"))), hidden, 1,
+                          act=_pick(rng, ("hardsigmoid", "sigmoid")))
+            y = b.mul(y, gate)
+        y = b.conv(y, cout, 1)
+        return b.add(x, y) if stride == 1 and cin == cout else y
+
+    def fire(self, x, cout, stride, act):
+        b = self.b
+        if stride > 1:
+            x = b.pool(x, "max", 3, 2, 1)
+        s = b.conv(x, max(8, cout // 8), 1, act="relu")
+        return b.concat([b.conv(s, cout // 2, 1, act="relu"), b.conv(s, cout - cout // 2, 3, act="relu")])
+
+    def dense(self, x, cout, stride, act):
+        b, rng = self.b, self.rng
+        growth = _pick(rng, (8, 12, 16, 24, 32))
+        for _ in range(int(rng.integers(1, 4))):
+            y = b.act(b.batch_norm(x), "relu")
+            y = b.conv(b.conv(y, 4 * growth, 1, act="relu"), growth, 3)
+            x = b.concat([x, y])
+        if stride > 1:
+            x = b.pool(b.conv(b.act(b.batch_norm(x), "relu"), max(8, self.ch(x) // 2), 1), "avg", 2, 2)
+        return x
+
+    def shuffle(self, x, cout, stride, act):
+        b = self.b
+        cin = self.ch(x)
+        half = max(8, cout // 2)
+        if stride == 1 and cin % 2 == 0:
+            left, right = b.split(x, [cin // 2, cin - cin // 2])
+            r = b.conv(b.conv(b.conv(right, cin - cin // 2, 1, act="relu"), cin - cin // 2, 3,
+                              groups=cin - cin // 2), cin - cin // 2, 1, act="relu")
+            return b.channel_shuffle(b.concat([left, r]))
+        left = b.conv(b.conv(x, cin, 3, 2, groups=cin), half, 1, act="relu")
+        right = b.conv(b.conv(b.conv(x, half, 1, act="relu"), half, 3, 2, groups=half), half, 1, act="relu")
+        return b.channel_shuffle(b.concat([left, right]))
+
+    def mixer_conv(self, x, cout, stride, act):
+        b, rng = self.b, self.rng
+        if stride > 1 or self.ch(x) != cout:
+            x = b.conv(x, cout, 1, stride)
+        y = b.batch_norm(b.conv(x, cout, _pick(rng, (3, 5, 7)), groups=cout, act="gelu"))
+        return b.batch_norm(b.conv(b.add(x, y), cout, 1, act="gelu"))
+
+    # -- token blocks --
+    def attention(self, x):
+        b, rng = self.b, self.rng
+        _, t, c = b.shapes[x]
+        heads = max(1, c // _pick(rng, (32, 64)))
+        d = c // heads
+
+        def split(y):
+            tag = b._tag()
+            return b.transpose(b.reshape(y, (1, t, heads, d), tag), (0, 2, 1, 3), tag)
+
+        q, k, v = (split(b.linear(x, c)) for _ in range(3))
+        tag = b._tag()
+        kt = b.transpose(k, (0, 1, 3, 2), tag)
+        att = b.softmax(b.scale(b.matmul(q, kt), d ** -0.5))
+        y = b.matmul(att, v)
+        tag = b._tag()
+        y = b.reshape(b.transpose(y, (0, 2, 1, 3), tag), (1, t, c), tag)
+        return b.linear(y, c)
+
+    def transformer(self, x, mixer: bool):
+        b, rng = self.b, self.rng
+        _, t, c = b.shapes[x]
+        if mixer:
+            tag = b._tag()
+            y = b.transpose(b.layer_norm(x), (0, 2, 1), tag)
+            y = b.linear(b.linear(y, max(8, c // 2), act="gelu"), t)
+            tag = b._tag()
+            x = b.add(x, b.transpose(y, (0, 2, 1), tag))
+        else:
+            x = b.add(x, self.attention(b.layer_norm(x)))
+        y = b.linear(b.linear(b.layer_norm(x), c * _pick(rng, (2, 4)), act="gelu"), c)
+        return b.add(x, y)
+
+
+def random_network(rng: np.random.Generator, max_macs: float = 1e8):
+    """A random context network (an onnx.ModelProto) and a short description of it."""
+    family = _pick(rng, ("cnn", "cnn", "cnn", "cnn", "int8", "int8", "transformer", "unet"))
+    budget = float(np.exp(rng.uniform(np.log(1e6), np.log(max_macs))))
+    size = _pick(rng, SIZES)
+    if family == "transformer":
+        return _transformer_net(rng, size, budget)
+    if family == "unet":
+        return _unet_net(rng, size, budget)
+    if family == "int8":
+        model, description = _cnn_net(rng, size, budget, int8=True)
+        return quantize(model, rng), f"int8 {description}"
+    return _cnn_net(rng, size, budget)
+
+
+def _cnn_net(rng, size, budget, int8: bool = False):
+    """A conv net; with `int8`, one to be quantized: its activations are those static
+    quantization folds into a kernel's output range (others would run apart, in float
+    between quantization pairs, inside one kernel's tag)."""
+    b = NetBuilder(rng, (1, 3, size, size))
+    blocks = _Blocks(b, rng)
+    kinds = ("plain", "basic", "bottleneck", "mbconv", "fire", "dense", "shuffle") + (() if int8 else ("mixer_conv",))
+    kind = _pick(rng, kinds)
+    act = _pick(rng, ("relu", "relu6", "") if int8 else CONV_ACTS[:-2])
+    width = _width(rng, _pick(rng, (16, 24, 32, 48, 64)))
+    stride = 2 if size >= 96 or rng.random() < 0.3 else 1
+    x = b.conv("input", width, _pick(rng, (3, 3, 5, 7)) if kind != "mixer_conv" else 1, stride, act=act or "relu")
+    if size >= 112 and rng.random() < 0.5:
+        x = b.pool(x, "max", 3, 2, 1)
+    while b.macs < budget and b.shapes[x][2] >= 4 and b.kernels < 120:
+        if rng.random() < 0.3:
+            kind = _pick(rng, kinds)
+        cout = _width(rng, width * _pick(rng, (1.0, 1.5, 2.0)))
+        for i in range(int(rng.integers(1, 4))):
+            x = getattr(blocks, kind)(x, cout, 2 if i == 0 and b.shapes[x][2] >= 8 else 1, act)
+            if b.macs >= budget:
+                break
+        width = blocks.ch(x)
+    if rng.random() < 0.3:
+        x = b.conv(x, _width(rng, 4 * width), 1, act=act or "relu")
+    if rng.random() < 0.2:
+        y = b.global_pool(b.conv(x, _pick(rng, (10, 100, 1000)), 1, act="relu"))
+    else:
+        y = b.classifier(b.global_pool(x), _pick(rng, (10, 100, 1000)))
+    return b.model(y), f"{kind} {size}px"
+
+
+def _transformer_net(rng, size, budget):
+    b = NetBuilder(rng, (1, 3, size, size))
+    blocks = _Blocks(b, rng)
+    patch = _pick(rng, tuple(p for p in (2, 4, 8, 16) if size // p >= 4 and (size // p) ** 2 <= 400) or (size // 4,))
+    dim = _pick(rng, (64, 96, 128, 192, 256, 384))
+    mixer = rng.random() < 0.3
+    x = b.conv("input", dim, patch, patch, pad=0)
+    g = b.shapes[x][2]
+    tag = b._tag()
+    x = b.transpose(b.reshape(x, (1, dim, g * g), tag), (0, 2, 1), tag)
+    if not mixer:
+        x = b.concat([b.const(rng.standard_normal((1, 1, dim)) * 0.02), x], axis=1)
+        x = b.add(x, b.const(rng.standard_normal(b.shapes[x]) * 0.02))
+    for _ in range(int(rng.integers(1, 9))):
+        x = blocks.transformer(x, mixer)
+        if b.macs >= budget:
+            break
+    x = b.layer_norm(x)
+    x = b.token_mean(x) if mixer or rng.random() < 0.5 else b.reshape(x, (1, b.shapes[x][1] * dim))
+    return b.model(b.classifier(x, _pick(rng, (10, 100, 1000)))), f"{'mixer' if mixer else 'vit'} {size}px"
+
+
+def _unet_net(rng, size, budget):
+    channels = _pick(rng, (1, 3))
+    b = NetBuilder(rng, (1, channels, size, size))
+    up = _pick(rng, ("nearest", "linear", "transpose"))
+    width = _pick(rng, (8, 16, 32))
+    levels = int(rng.integers(2, 5))
+    x, skips = "input", []
+    for i in range(levels):
+        if i:
+            x = b.pool(x, "max", 2, 2)
+        x = b.conv(b.conv(x, width << i, 3, act="relu"), width << i, 3, act="relu")
+        skips.append(x)
+    for i in reversed(range(levels - 1)):
+        x = b.conv_transpose(x, b.shapes[x][1]) if up == "transpose" else b.resize(x, up)
+        x = b.concat([x, skips[i]])
+        x = b.conv(b.conv(x, width << i, 3, act="relu"), width << i, 3, act="relu")
+    return b.model(b.conv(x, _pick(rng, (1, 2, 4)), 1)), f"unet-{up} {size}px"
+
+
+def quantize_int8(src: Path, dst: Path, inputs: Sequence[dict]) -> None:
+    """onnxruntime's static quantization of the ONNX model `src` into `dst`: QDQ format, int8
+    weights and activations, per tensor, calibrated on `inputs` (feeds)."""
+    import logging
+
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    feeds = iter(inputs)
+
+    class Reader(CalibrationDataReader):
+        def get_next(self):
+            return next(feeds, None)
+
+    logging.disable(logging.WARNING)  # the quantizer's advice goes to the root logger
+    try:
+        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def quantize(model, rng: np.random.Generator, samples: int = 2):
+    """The int8 network onnxruntime's static quantizer (`quantize_int8`) makes of a float
+    context network - as users quantize models for onnxruntime - calibrated on random
+    inputs.  A node the quantizer adds without a kernel's tag (the dequantization of a
+    weight or of the input) takes the tag of the kernel it feeds."""
+    import onnx
+
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    with tempfile.TemporaryDirectory(prefix="nasctl-int8-") as tmp:
+        src, dst = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
+        src.write_bytes(model.SerializeToString())
+        quantize_int8(src, dst, [{"input": rng.standard_normal(shape).astype(np.float32)} for _ in range(samples)])
+        quantized = onnx.shape_inference.infer_shapes(onnx.load(str(dst)))  # kernels are cut out by shape
+    consumers: dict[str, list] = {}
+    for n in quantized.graph.node:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n)
+    for n in reversed(quantized.graph.node):  # consumers come later in a graph: tag them first
+        if TAG.search(n.name) is None:
+            tags = [m.group(0) for c in consumers.get(n.output[0], []) if (m := TAG.search(c.name))]
+            if tags:
+                n.name = tags[0] + n.name
+    return quantized

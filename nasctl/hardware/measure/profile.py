@@ -1,0 +1,148 @@
+"""The whole profile: measure context networks in chunks and fit a `kind: lut` device to them.
+
+Networks are measured in chunks (which bounds the memory of open sessions); the same few
+small reference networks run in every chunk, and a chunk whose references ran slower than
+in the fastest chunk - the machine was busier - has its times scaled back.
+`nasctl.hardware.fit.fit_from_lut` then makes the device of the kernel times: one row per
+distinct kernel (the median of its measurements) and a regressor per kernel type, chosen
+by cross-validation over whole networks held out; `spec.yaml` and `lut.csv` are written
+by `nasctl.hardware.fit.write_device`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from .attribution import FLOOR_MS, MeasuredNetwork, in_context_costs, measure_networks
+from .context import OPSET, TAG, random_network
+from .timing import Protocol, measure_models
+
+
+def machine() -> dict:
+    import onnxruntime as ort
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "system": platform.system(), "python": platform.python_version(),
+            "onnxruntime": ort.__version__, "onnx_opset": OPSET}
+
+
+def _slower_by(m: MeasuredNetwork, factor: float) -> MeasuredNetwork:
+    """`m` with every time divided by `factor`."""
+    return MeasuredNetwork(m.description, m.layers, [t / factor for t in m.layer_ms], m.layer_nodes,
+                           m.latency_ms / factor,
+                           {j: (ms / factor, before / factor, n) for j, (ms, before, n) in m.alone.items()},
+                           m.energy_mj)
+
+
+def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: int = 0, chunk: int = 80,
+                    references: int = 3, on_progress: Optional[Callable[[int, int, str], None]] = None):
+    """Build context networks until they hold `kernels` kernels, measure them `chunk` at a
+    time (interleaved: a busy spell slows every network of a chunk alike, and the minimum
+    over rounds spread over the chunk's minutes avoids it), and fit the device from them.
+
+    The same few small reference networks are measured in every chunk; a chunk whose
+    references ran slower than in the fastest chunk (the machine was busier) has its
+    times scaled back by that factor (the median over the references)."""
+    from ..fit import fit_from_lut
+    from ..lut import row_from_layer
+
+    rng = np.random.default_rng(seed)
+    start = time.perf_counter()
+    networks, count = [], 0
+    while count < kernels:
+        networks.append(random_network(rng))
+        count += len({m.group(1) for n in networks[-1][0].graph.node if (m := TAG.search(n.name))})
+    refs = [random_network(np.random.default_rng(10_000 + k), max_macs=5e6) for k in range(references)]
+    chunks = -(-len(networks) // chunk)
+    total = 3 * protocol.rounds * chunks  # per chunk: profiled rounds, end-to-end rounds, long kernels alone
+    ticks = iter(range(1, 10 ** 9))
+
+    def tick():
+        if on_progress is not None:
+            on_progress(min(next(ticks), total), total, f"{len(networks)} networks")
+
+    if on_progress is not None:
+        on_progress(0, total, f"building {len(networks)} networks")
+    parts, ref_ms = [], []
+    with tempfile.TemporaryDirectory(prefix="nasctl-profile-") as tmp:
+        for first in range(0, len(networks), chunk):  # chunks bound the memory of open sessions
+            folder = Path(tmp) / f"chunk{first}"
+            folder.mkdir()
+            part = measure_networks([*networks[first:first + chunk], *refs], protocol, folder, seed=seed + first,
+                                    on_round=tick)
+            parts.append(part[:len(part) - len(refs)])
+            ref_ms.append([m.latency_ms for m in part[len(part) - len(refs):]])
+    ref = np.array(ref_ms)
+    slower = np.median(ref / ref.min(axis=0), axis=1)
+    measured = [_slower_by(m, f) for part, f in zip(parts, slower) for m in part]
+    done = sum(len(m.layers) for m in measured)
+    if on_progress is not None:
+        on_progress(total, total, "fitting the regressors")
+    costs, norm = in_context_costs(measured)
+    rows = []
+    for i, (m, ts) in enumerate(zip(measured, costs)):
+        # A network's energy goes to its kernels by their share of its time.
+        shares = ts / ts.sum() if m.energy_mj is not None else [None] * len(ts)
+        rows += [{**row_from_layer(layer, ms, None if share is None else max(m.energy_mj * share, FLOOR_MS)),
+                  "group": i} for layer, ms, share in zip(m.layers, ts, shares)]
+    measurement = {**protocol.describe(), "context_networks": len(measured), "kernels_timed": done, "seed": seed,
+                   "how": "per-node kernel times from onnxruntime profiling inside random context networks, summed "
+                          "per kernel (minimum over the profiled runs) less the profiler's own cost per node; "
+                          "kernels profiled longer than 0.5 ms timed again alone (thread clock) less the run "
+                          "overhead and the layout reorders around them; the run overhead and the profiler's cost "
+                          "per node fitted to the networks' end-to-end times",
+                   **norm, "chunk_slowdown_corrected": [round(float(f), 4) for f in slower], "machine": machine()}
+    energy = ("RAPL package energy per run of each context network (counters' increase over 0.2 s of runs), "
+              "apportioned to its kernels by their share of its time; includes the package's idle and uncore power"
+              if all(m.energy_mj is not None for m in measured)
+              else "latency only: this machine exposes no readable energy counters (RAPL)")
+    fitted = fit_from_lut(name, rows, description=f"onnxruntime CPU on this machine, {protocol.threads} thread(s), "
+                                                  f"measured by `nasctl hw profile`",
+                          extra={"measurement": measurement, "energy": energy,
+                                 "overhead": {"per_model_ms": norm["run_overhead_ms"], "per_layer_ms": 0.0}})
+    device = fitted.device()
+    error = np.array([device.estimate(m.layers).latency_ms / m.latency_ms - 1 for m in measured])
+    fitted.report = {"networks": len(measured), "layers": done, "seconds": time.perf_counter() - start,
+                     "networks_rms_error_pct": float(np.sqrt(np.mean(error ** 2)) * 100),
+                     "networks_within_10pct": float(np.mean(np.abs(error) <= 0.10))}
+    fitted.spec["fit"]["context_networks"] = {k: round(v, 4) for k, v in fitted.report.items() if k.startswith("networks_")}
+    return fitted
+
+
+def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int = 0,
+                    on_progress: Optional[Callable[[int, int, str], None]] = None) -> dict:
+    """Predicted vs measured end-to-end latency of ONNX models on this machine."""
+    from ..onnx_import import import_onnx
+
+    threads = int(getattr(getattr(device, "spec", None), "measurement", {}).get("threads", 1))
+    protocol = Protocol(threads=threads, rounds=rounds)
+    rows = []
+    for path in paths:
+        imported = import_onnx(Path(path))
+        report = device.estimate(imported.layers)
+        unpriced = imported.unsupported + report.unsupported
+        rows.append({"model": Path(path).stem, "path": str(path), "predicted_ms": report.latency_ms,
+                     "layers": len(imported.layers), "unsupported": dict(unpriced)})
+    done = iter(range(1, rounds + 1))
+    measured = measure_models(paths, protocol, seed,
+                              on_round=lambda: on_progress and on_progress(next(done), rounds, "rounds"))
+    for row, ms in zip(rows, measured):
+        row["measured_ms"] = float(ms)
+        row["error_pct"] = (row["predicted_ms"] / row["measured_ms"] - 1) * 100
+    err = np.array([r["error_pct"] for r in rows]) / 100
+    return {"device": device.name, "protocol": protocol.describe(), "models": rows,
+            "summary": {"models": len(rows), "within_5pct": float(np.mean(np.abs(err) <= 0.05)),
+                        "within_10pct": float(np.mean(np.abs(err) <= 0.10)),
+                        "rms_error_pct": float(np.sqrt(np.mean(err ** 2)) * 100)}}
