@@ -112,7 +112,7 @@ class SearchConfig(BaseModel):
 
 def read_config_file(path: Path) -> dict:
     """Settings from a YAML or TOML file (keys as in config.yaml; run-description keys ignored)."""
-    from .specs import read_yaml
+    from .specs import read_text, read_yaml
     from .store import INFO_KEYS
 
     if not path.is_file():
@@ -121,7 +121,7 @@ def read_config_file(path: Path) -> dict:
         import tomllib
 
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            data = tomllib.loads(read_text(path))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: is not valid TOML: {e}") from None
     else:

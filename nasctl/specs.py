@@ -10,16 +10,27 @@ import yaml
 from .errors import ConfigError
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
+def read_text(path: Path) -> str:
+    """A user's text file (spec, config, table) as UTF-8 (a byte-order mark is skipped); a
+    file that cannot be read or is not UTF-8 is a one-line ConfigError naming it."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                          "save it as UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    text = read_text(path)
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}:{where} is not valid YAML: {problem}") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top level")
     return data

@@ -129,7 +129,9 @@ def second_operand_bytes(layer: LayerSpec) -> float:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Spec models: unknown keys refused, and every number finite (no .inf or .nan)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def check_sources(spec_cls: type[BaseModel], sources: dict[str, str],

@@ -46,7 +46,7 @@ from typing import Any, Literal, Optional, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, NonNegativeFloat
 
-from .. import trees, workspace
+from .. import specs, trees, workspace
 from ..errors import ConfigError, UsageError
 from .base import CostModel, CostReport, LayerCost
 from .layers import OPS, LayerSpec
@@ -63,7 +63,7 @@ REGRESSORS_FILE = "regressors.json"  # boosted trees fitted to the table, beside
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Overhead(_Strict):
@@ -109,10 +109,7 @@ def read_lut(path: Path) -> list[dict]:
     """The rows of a kernel table, checked: every documented column present, numbers
     where numbers belong, a known op, a positive latency.  Errors name the file, the
     line and the column."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+    text = specs.read_text(path)
     reader = csv.DictReader(text.splitlines())
     header = [h.strip() for h in (reader.fieldnames or [])]
     missing = [c for c in LUT_COLUMNS if c not in header]
@@ -149,6 +146,8 @@ def _number(text, kind, path, line, col):
         value = float(text)
     except (TypeError, ValueError):
         raise ConfigError(f"{path}: line {line}: {col} '{text}' is not a number") from None
+    if not np.isfinite(value):
+        raise ConfigError(f"{path}: line {line}: {col} '{text.strip()}' is not a finite number")
     if kind is int:
         if value != int(value) or value < (0 if col in ("in_h", "in_w") else 1):
             raise ConfigError(f"{path}: line {line}: {col} '{text}' is not a positive whole number")

@@ -62,3 +62,51 @@ def test_library_warnings_stay_off_the_terminal_unless_asked_for(env, shown):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["name"] == "edge-quad"
     assert ("RuntimeWarning: overflow encountered in exp" in result.stderr) == shown, result.stderr
+
+
+# -- files that are not UTF-8 text ------------------------------------------------------
+LATIN1 = "# f\xfcr den Chip\n".encode("latin-1")  # 0xfc: not UTF-8
+
+
+def _not_utf8(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(LATIN1 + text.encode())
+    return path
+
+
+def test_space_spec_that_is_not_utf8(root, tmp_path):
+    path = _not_utf8(tmp_path / "s.yaml", (root / "search_spaces" / "ee-mbv2.yaml").read_text())
+    one_line_error(invoke("space", "show", path), 2, f"{path}: is not UTF-8 text (byte 0xfc at offset 3)")
+
+
+def test_device_spec_that_is_not_utf8(root, tmp_path):
+    path = _not_utf8(tmp_path / "d.yaml", (root / "hardware" / "edge-quad.yaml").read_text())
+    one_line_error(invoke("hw", "show", path), 2, f"{path}: is not UTF-8 text")
+    one_line_error(invoke("search", "--device", path, "--print-config"), 2, f"{path}: is not UTF-8 text")
+
+
+@pytest.mark.parametrize("name, text", [("c.toml", "budget = 3\n"), ("c.yaml", "budget: 3\n")])
+def test_config_file_that_is_not_utf8(tmp_path, name, text):
+    path = _not_utf8(tmp_path / name, text)
+    one_line_error(invoke("search", "--config", path, "--print-config"), 2, f"{path}: is not UTF-8 text")
+
+
+def test_config_file_with_a_byte_order_mark_is_read(tmp_path):
+    (tmp_path / "c.toml").write_bytes(b"\xef\xbb\xbfbudget = 3\n")
+    result = invoke("search", "--config", tmp_path / "c.toml", "--print-config")
+    assert result.exit_code == 0, result.output
+    assert "budget: 3" in result.stdout
+
+
+# -- device specs with numbers no device has ---------------------------------------------
+@pytest.mark.parametrize("key, value, message", [
+    ("clock_mhz", ".inf", "clock_mhz: Input should be a finite number"),
+    ("dram_gb_s", ".nan", "dram_gb_s: Input should be a finite number"),
+    ("clock_mhz", "-400", "clock_mhz: Input should be greater than 0"),
+])
+def test_device_spec_numbers_must_be_finite_and_positive(root, tmp_path, key, value, message):
+    lines = [f"{key}: {value}" if line.startswith(f"{key}:") else line
+             for line in (root / "hardware" / "edge-quad.yaml").read_text().splitlines()]
+    path = tmp_path / "d.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    one_line_error(invoke("hw", "show", path), 2, message)

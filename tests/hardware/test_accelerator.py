@@ -369,3 +369,26 @@ def test_only_divisors_of_the_core_count_are_used():
     six = device(cores=6)
     maps = {c.mapping for c in six.alternatives(conv(64, 64, 32))}
     assert maps == {"1", "2xK", "2xOY", "3xK", "3xOY", "6xK", "6xOY"}
+
+
+@pytest.mark.parametrize("path", [("clock_mhz",), ("macs_per_pe_cycle", 8), ("energy", "sram_pj_per_byte"),
+                                  ("energy", "static_mw"), ("energy", "mult_pj", 8)])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_every_number_must_be_finite(path, value):
+    data = copy.deepcopy(SPEC)
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(ValidationError, match="finite number") as err:
+        AnalyticalAccelerator.from_dict(data)
+    assert err.value.errors()[0]["loc"] == path
+
+
+def test_gpu_numbers_must_be_finite(root):
+    from nasctl.hardware.gpu import GpuRoofline
+
+    data = yaml.safe_load((root / "hardware" / "h100.yaml").read_text())
+    data["hbm_gb_s"] = float("inf")
+    with pytest.raises(ValidationError, match="hbm_gb_s"):
+        GpuRoofline.from_dict(data)

@@ -84,10 +84,27 @@ def test_table_round_trip_and_loading_from_a_folder(tmp_path, rows):
     assert dev.describe()["kernels"] == len({layer_from_row(r).shape_key() for r in rows})
 
 
+def _set_first_latency(text, value):
+    lines = text.splitlines()
+    lines[1] = lines[1].rsplit(",", 1)[0] + f",{value}"
+    return "\n".join(lines) + "\n"
+
+
+def test_table_that_is_not_utf8_fails_in_one_line(tmp_path, rows):
+    write_lut(tmp_path / "lut.csv", rows)
+    path = tmp_path / "lut.csv"
+    path.write_bytes(path.read_bytes().replace(b",relu,", b",r\xe9lu,", 1))
+    with pytest.raises(ConfigError, match=r"lut.csv: is not UTF-8 text \(byte 0xe9 at offset \d+\)") as info:
+        read_lut(path)
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda text: text.replace("kernel_w,", "", 1), "missing column kernel_w"),
     (lambda text: text.replace("conv,", "convolution,", 1), "op 'convolution' is not one of"),
     (lambda text: text.replace(",relu,", ",relu,fast", 1), "latency_ms 'fast"),
+    (lambda text: _set_first_latency(text, "inf"), "line 2: latency_ms 'inf' is not a finite number"),
+    (lambda text: _set_first_latency(text, "nan"), "line 2: latency_ms 'nan' is not a finite number"),
 ])
 def test_malformed_tables_fail_in_one_line(tmp_path, rows, edit, message):
     write_lut(tmp_path / "lut.csv", rows)
