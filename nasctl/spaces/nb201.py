@@ -194,4 +194,7 @@ class Nb201Space(SearchSpace):
         from .nb201_torch import Nb201Net
 
         self._check_input(input_shape)
-        return Nb201Net(self.spec, self.cell_edges(arch), input_shape, classes)
+        edges = [(edge_knob(j, i), j, i, op) for j, i, op in self.cell_edges(arch)]
+        spec = self.spec
+        return Nb201Net(edges, NODES, input_shape, classes, channels=spec.channels, stages=spec.stages,
+                        cells_per_stage=spec.cells_per_stage)

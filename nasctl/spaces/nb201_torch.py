@@ -6,14 +6,20 @@ reduction shortcut's 1×1 conv).  The cell computes the edges `Nb201Space.cell_e
 lists: a `none` edge is left out of its node's sum, a node with no input is zero, and
 with `unused_ops: drop` a node that feeds the output only through `none` edges is not
 computed.  `forward(x)` returns a one-element list: the logits.
+
+The space gives the network everything it needs (the cell's edges, each with the name of
+its module, and the space's sizes), so this module does not import `nasctl.spaces.nb201`.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 
-from .nb201 import NODES, Nb201Spec, edge_knob
+# A cell edge: (module name, target node j, source node i, op).
+Edge = tuple[str, int, int, str]
 
 
 def relu_conv_bn(cin: int, cout: int, k: int, stride: int) -> nn.Sequential:
@@ -31,15 +37,17 @@ def _edge_op(op: str, c: int) -> nn.Module:
 
 
 class Cell(nn.Module):
-    def __init__(self, edges: list[tuple[int, int, str]], c: int):
+    """A cell of `nodes` nodes (node 0 its input, the last its output) computing `edges`."""
+
+    def __init__(self, edges: Sequence[Edge], nodes: int, c: int):
         super().__init__()
-        self.inputs = [[i for jj, i, _ in edges if jj == j] for j in range(NODES)]
-        self.edges = nn.ModuleDict({edge_knob(j, i): _edge_op(op, c) for j, i, op in edges})
+        self.inputs = [[(name, i) for name, jj, i, _ in edges if jj == j] for j in range(nodes)]
+        self.edges = nn.ModuleDict({name: _edge_op(op, c) for name, _, _, op in edges})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         nodes = [x]
-        for j in range(1, NODES):
-            terms = [self.edges[edge_knob(j, i)](nodes[i]) for i in self.inputs[j]]
+        for j in range(1, len(self.inputs)):
+            terms = [self.edges[name](nodes[i]) for name, i in self.inputs[j]]
             nodes.append(sum(terms[1:], terms[0]) if terms else torch.zeros_like(x))
         return nodes[-1]
 
@@ -57,16 +65,20 @@ class ReductionBlock(nn.Module):
 
 
 class Nb201Net(nn.Module):
-    def __init__(self, spec: Nb201Spec, edges: list[tuple[int, int, str]], input_shape: tuple[int, int, int],
-                 classes: int):
+    """A stem conv of `channels`, then `stages` stages of `cells_per_stage` cells (each
+    computing `edges` over `nodes` nodes) with a reduction block doubling the channels
+    between stages, then global pooling and the classifier."""
+
+    def __init__(self, edges: Sequence[Edge], nodes: int, input_shape: tuple[int, int, int], classes: int, *,
+                 channels: int, stages: int, cells_per_stage: int):
         super().__init__()
-        c = spec.channels
+        c = channels
         blocks: list[nn.Module] = [nn.Conv2d(input_shape[0], c, 3, padding=1, bias=False), nn.BatchNorm2d(c)]
-        for s in range(spec.stages):
+        for s in range(stages):
             if s:
                 blocks.append(ReductionBlock(c, 2 * c))
                 c *= 2
-            blocks += [Cell(edges, c) for _ in range(spec.cells_per_stage)]
+            blocks += [Cell(edges, nodes, c) for _ in range(cells_per_stage)]
         blocks += [nn.BatchNorm2d(c), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()]
         self.features = nn.Sequential(*blocks)
         self.classifier = nn.Linear(c, classes)
