@@ -32,18 +32,12 @@ import yaml
 
 from .. import __version__
 from ..errors import UsageError
-from ..spaces.base import Arch, SearchSpace
+from ..spaces.base import Arch, SearchSpace, space_fingerprint
 from . import encodings
 
 FORMAT = 1  # version of the saved layout; loading refuses newer ones
 TARGET_MAPS = ("rank", "standard")
 CARD, STATE, WEIGHTS = "card.yaml", "model.json", "weights.pt"
-
-
-def space_fingerprint(space: SearchSpace) -> str:
-    """Hash of a space's knobs and their choices: a predictor only fits the space it learnt."""
-    knobs = {v.name: [str(c) for c in v.choices] for v in space.variables()}
-    return hashlib.sha256(json.dumps(knobs, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def file_hash(path: Path) -> str:

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import UsageError
-from ..spaces.base import Arch, SearchSpace, arch_key
+from ..spaces.base import Arch, SearchSpace, arch_key, space_fingerprint
 
 PROXIES = ("synflow", "naswot", "grad_norm")
 BATCH = 32
@@ -53,8 +53,6 @@ def scores(space: SearchSpace, archs: Sequence[Arch], proxies: Sequence[str], in
            seed: int) -> np.ndarray:
     """One row per architecture, one column per proxy."""
     import torch
-
-    from .base import space_fingerprint
 
     out = np.zeros((len(archs), len(proxies)))
     where = (space.name, space_fingerprint(space), tuple(input_shape), classes, seed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -153,3 +154,9 @@ def _other_choice(v: Variable, current, rng: np.random.Generator):
 def arch_key(arch: Arch) -> str:
     """Canonical JSON of an architecture: a stable key and the `arch` column of trials.csv."""
     return json.dumps(dict(arch), separators=(",", ":"))
+
+
+def space_fingerprint(space: SearchSpace) -> str:
+    """Hash of a space's knobs and their choices: a predictor only fits the space it learnt."""
+    knobs = {v.name: [str(c) for c in v.choices] for v in space.variables()}
+    return hashlib.sha256(json.dumps(knobs, sort_keys=True).encode()).hexdigest()[:16]
