@@ -141,13 +141,15 @@ def fit(
 ):
     from ..hardware.fit import fit_from_lut, fit_from_models, read_models_csv, write_device
     from ..hardware.lut import read_lut
+    from ..spaces.loader import load_space
 
     if lut is None and models is None:
         raise UsageError("give --lut FILE (a per-kernel table), --models FILE (end-to-end latencies), or both")
     folder = workspace.new_entry("hardware", device, "device")
     measured = None
     if models is not None:
-        measured = read_models_csv(models, space, _parse_shape(input_shape) if input_shape else None, classes)
+        measured = read_models_csv(models, load_space(space) if space else None,
+                                   _parse_shape(input_shape) if input_shape else None, classes)
     if lut is not None:
         fitted = fit_from_lut(device, read_lut(lut), measured)
     else:

@@ -298,9 +298,10 @@ def _spec(name: str, description: str, *, per_model_ms: float = 0.0, per_layer_m
 
 # --- reading end-to-end measurements ---------------------------------------------------
 
-def read_models_csv(path: Path, space: Optional[str] = None, input_shape: Optional[tuple[int, int, int]] = None,
+def read_models_csv(path: Path, space=None, input_shape: Optional[tuple[int, int, int]] = None,
                     classes: Optional[int] = None) -> tuple[list[list[LayerSpec]], list[float]]:
-    """Layer lists and latencies from a CSV of measured models (see the module docstring)."""
+    """Layer lists and latencies from a CSV of measured models (see the module docstring);
+    `space` is the search space (a `SearchSpace`) the arch column's architectures are of."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -344,12 +345,9 @@ def _onnx_layers(csv_path: Path, cell: str, line: int) -> list[LayerSpec]:
     return result.layers
 
 
-def _arch_reader(csv_path: Path, space_name: Optional[str], input_shape, classes):
-    from ..spaces.loader import load_space
-
-    if space_name is None:
+def _arch_reader(csv_path: Path, space, input_shape, classes):
+    if space is None:
         raise UsageError(f"{csv_path}: the arch column needs --space, the search space its architectures are of")
-    space = load_space(space_name)
     spec = getattr(space, "spec", None)
     shape = input_shape or getattr(spec, "input_shape", None)
     n_classes = classes or getattr(spec, "classes", None)

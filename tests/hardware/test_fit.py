@@ -8,6 +8,7 @@ from nasctl.errors import UsageError
 from nasctl.hardware.fit import calibrate, fit_from_lut, fit_from_models, read_models_csv, write_device
 from nasctl.hardware.layers import LayerSpec
 from nasctl.hardware.lut import LutDevice, read_lut, row_from_layer
+from nasctl.spaces.loader import load_space
 
 
 def conv(cin, cout, hw, k=3, stride=1, groups=1, fn="relu"):
@@ -101,7 +102,7 @@ def test_models_csv_with_onnx_and_arch_columns(tmp_path, onnx_models):
     assert latency == [1.0, 2.0] and [layer.op for layer in layers[0]] == ["conv"]
     arch = "|nor_conv_3x3~0|+|skip_connect~0|nor_conv_1x1~1|+|avg_pool_3x3~0|none~1|nor_conv_3x3~2|"
     (tmp_path / "a.csv").write_text(f"arch,latency_ms\n{arch},3.5\n")
-    layers, latency = read_models_csv(tmp_path / "a.csv", space="nb201")
+    layers, latency = read_models_csv(tmp_path / "a.csv", space=load_space("nb201"))
     assert latency == [3.5] and any(layer.op == "conv" for layer in layers[0])
 
 
