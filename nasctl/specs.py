@@ -62,7 +62,9 @@ def build(path: Path, registry, what: str):
     if kind not in registry:
         raise ConfigError(f"{path}: kind: '{kind}' is not a {what} kind; allowed: {', '.join(registry.names())}")
     data.setdefault("name", path.parent.name if path.name == "spec.yaml" else path.stem)
+    cls = registry.get(kind)
     try:
-        return registry.get(kind).from_dict(data)
+        # kinds whose spec names files beside it (a LUT device's table) read them from its folder
+        return cls.from_spec_file(data, path) if hasattr(cls, "from_spec_file") else cls.from_dict(data)
     except ValidationError as e:
         raise ConfigError(f"{path}: {validation_message(e)}") from None

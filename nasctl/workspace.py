@@ -93,12 +93,18 @@ def entries(folder: str) -> list[Entry]:
 
 
 def find(folder: str, name: str, what: str) -> Path:
-    """Path of entry `name` (or `name` itself if it is a YAML file path)."""
-    p = Path(name)
+    """Path of entry `name`; or `name` itself if it is a YAML file path, or its spec.yaml if
+    it is the path (with a folder separator in it) of a folder holding one."""
+    p = Path(name).expanduser()
     if p.suffix in (".yaml", ".yml"):
         if not p.is_file():
             raise UsageError(f"{what} file '{name}' does not exist")
         return p
+    if any(sep in name for sep in ("/", os.sep)) or name in (".", ".."):
+        if (p / "spec.yaml").is_file():
+            return p / "spec.yaml"
+        raise UsageError(f"{what} folder '{name}' holds no spec.yaml" if p.is_dir() else
+                         f"{what} '{name}' is neither a name nor an existing YAML file or folder")
     for e in entries(folder):
         if e.name == name:
             return e.path

@@ -394,6 +394,11 @@ class LutDevice(CostModel):
         self._cache: dict[tuple, Optional[LayerCost]] = {}
 
     @classmethod
+    def from_spec_file(cls, data: dict[str, Any], path: Path) -> LutDevice:
+        """Build from the spec read from `path`: its table is found beside it."""
+        return cls.from_dict(data, Path(path).parent)
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any], folder: Optional[Path] = None) -> LutDevice:
         """Build from a parsed spec.  The table's path is relative to the spec's folder -
         `folder`, else the folder of the device of this name in the workspace."""

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 import pytest
 
 from cli_helpers import invoke, one_line_error
@@ -110,3 +112,59 @@ def test_device_spec_numbers_must_be_finite_and_positive(root, tmp_path, key, va
     path = tmp_path / "d.yaml"
     path.write_text("\n".join(lines) + "\n")
     one_line_error(invoke("hw", "show", path), 2, message)
+
+
+# -- a LUT device given by the path of its YAML -------------------------------------------
+def _lut_device(folder, name="spec.yaml"):
+    """A LUT device folder, as `nasctl hw profile` leaves one: spec.yaml beside lut.csv, the
+    table holding every kernel of ee-mbv2 on digits (1 µs + 10 ns per 1000 MACs and 0.1 ns
+    per element moved), so a search prices every candidate."""
+    import yaml
+
+    from nasctl.hardware.lut import row_from_layer, write_lut
+    from nasctl.spaces.loader import load_space
+
+    space, rng = load_space("ee-mbv2"), np.random.default_rng(0)
+    layers = {}
+    for _ in range(20):
+        for layer in space.to_layers(space.sample(rng), (1, 8, 8), 10):
+            layers.setdefault(layer.shape_key(), layer)
+    rows = [row_from_layer(l, 1e-3 + l.macs * 1e-8 + (l.in_elems + l.out_elems) * 1e-7) for l in layers.values()]
+    folder.mkdir(parents=True)
+    write_lut(folder / "lut.csv", rows)
+    (folder / name).write_text(yaml.safe_dump({"kind": "lut", "description": "a copied LUT device"}))
+    return folder / name
+
+
+def test_lut_device_by_the_path_of_its_yaml(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    spec = _lut_device(tmp_path / "elsewhere" / "copied-lut")
+    w = numpy_helper.from_array(np.ones((16, 1, 3, 3), dtype=np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], [w])
+    onnx.save(helper.make_model(graph), tmp_path / "m.onnx")
+    for device in (spec, spec.parent, f"elsewhere{os.sep}copied-lut"):  # the YAML, or its folder
+        result = invoke("predict", tmp_path / "m.onnx", "--device", device, "--json")
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.stdout)
+        assert doc["device"] == "copied-lut" and doc["latency_ms"] > 0 and not doc["unsupported"]
+    result = invoke("hw", "show", spec, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["table"] == str(spec.parent / "lut.csv")
+
+
+def test_search_on_a_lut_device_by_the_path_of_its_yaml(tmp_path):
+    spec = _lut_device(tmp_path / "dev", name="my-device.yaml")
+    result = invoke("search", "--device", spec, "--budget", "1", "--epochs", "1", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["objectives"] == ["accuracy", "latency_ms"] and doc["front"]
+    assert all(row["latency_ms"] > 0 for row in doc["front"])
+
+
+def test_a_folder_without_a_spec_is_named(tmp_path):
+    (tmp_path / "empty").mkdir()
+    one_line_error(invoke("hw", "show", f"empty{os.sep}"), 2, "device folder 'empty/' holds no spec.yaml")
