@@ -20,6 +20,7 @@ each class is held out as test; then 20 % of each class of what remains is valid
 from __future__ import annotations
 
 import pickle
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from ..errors import UsageError
 BUILTIN = ("digits",)
 HOLDOUT = 0.2  # share of each class held out for test (when the source has none) and for validation
 CIFAR_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
+CIFAR_CLASSES = 10
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
@@ -97,13 +99,14 @@ def _cifar(path: Path, rng: np.random.Generator) -> Dataset:
         if len(x) != len(y) or x.ndim != 2 or x.shape[1] != 3 * 32 * 32:
             raise UsageError(f"CIFAR-10 batch '{path / name}' holds {x.shape} data for {len(y)} labels; "
                              "allowed: N×3072 data and N labels")
-        return x.reshape(-1, 3, 32, 32), y
+        return x.reshape(-1, 3, 32, 32), _labels(y, f"CIFAR-10 batch '{path / name}'", CIFAR_CLASSES)
 
     train = [batch(f) for f in CIFAR_FILES[:-1]]
     x_test, y_test = batch("test_batch")
     x_train = np.concatenate([x for x, _ in train])
     y_train = np.concatenate([y for _, y in train])
-    return _assemble(path.name, x_train, y_train, x_test, y_test, rng, normalise=True)
+    return _assemble(path.name, x_train, y_train, x_test, y_test, rng, normalise=True,
+                     source=f"CIFAR-10 folder '{path}'")
 
 
 class _BatchUnpickler(pickle.Unpickler):
@@ -131,18 +134,70 @@ def _npz(path: Path, rng: np.random.Generator) -> Dataset:
         if missing:
             raise UsageError(f"dataset file '{path}' lacks {', '.join(missing)}; "
                              f"it needs {', '.join(NPZ_KEYS)} (has {', '.join(f.files) or 'nothing'})")
-        arrays = {k: f[k] for k in NPZ_KEYS}
-    xs = []
+        arrays = {k: _npz_array(f, k, path) for k in NPZ_KEYS}
+    xs, ys = [], []
     for part in ("train", "test"):
         x, y = arrays[f"x_{part}"], arrays[f"y_{part}"]
+        if x.ndim == 0 or y.ndim == 0:
+            raise UsageError(f"dataset file '{path}': x_{part} and y_{part} must be arrays of images and of "
+                             f"labels, not single values")
         if len(x) != len(y):
             raise UsageError(f"dataset file '{path}': x_{part} has {len(x)} images but y_{part} "
                              f"{len(y)} labels; they must match")
+        _check_pixels(x, f"dataset file '{path}': x_{part}")
         xs.append(_to_nchw(x, f"{path}: x_{part}"))
+        ys.append(_labels(y, f"dataset file '{path}': y_{part}"))
     if xs[0].shape[1:] != xs[1].shape[1:]:
         raise UsageError(f"dataset file '{path}': train images are {xs[0].shape[1:]} (C, H, W) but "
                          f"test images {xs[1].shape[1:]}; they must match")
-    return _assemble(path.stem, xs[0], arrays["y_train"], xs[1], arrays["y_test"], rng, normalise=True)
+    return _assemble(path.stem, xs[0], ys[0], xs[1], ys[1], rng, normalise=True,
+                     source=f"dataset file '{path}'")
+
+
+def _npz_array(f, key: str, path: Path) -> np.ndarray:
+    """Array `key` of an open .npz; arrays of Python objects are refused (loading them means
+    unpickling, which can run code), as is any array numpy cannot read."""
+    try:
+        a = f[key]
+    except ValueError as e:
+        if "allow_pickle" in str(e):
+            raise UsageError(f"dataset file '{path}': array {key} holds Python objects (dtype object), which "
+                             "nasctl does not load (unpickling can run code); allowed: numeric arrays") from None
+        raise UsageError(f"dataset file '{path}': array {key} cannot be read ({e})") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
+        raise UsageError(f"dataset file '{path}': array {key} cannot be read ({e})") from None
+    allowed = "uint8 … float64 pixels" if key.startswith("x") else "integer labels"
+    if a.dtype.kind not in "biuf":
+        raise UsageError(f"dataset file '{path}': array {key} has dtype {a.dtype}; allowed: {allowed}")
+    return a
+
+
+def _check_pixels(x: np.ndarray, what: str) -> None:
+    """Refuse NaN and infinite pixels (they train to chance silently), naming the first."""
+    if x.dtype.kind == "f":
+        bad = ~np.isfinite(x)
+        if bad.any():
+            first = int(np.flatnonzero(bad.reshape(len(x), -1).any(axis=1))[0])
+            raise UsageError(f"{what} holds {int(bad.sum())} NaN or infinite pixel value(s) (first in image "
+                             f"{first}); allowed: finite numbers")
+
+
+def _labels(y, what: str, classes: int | None = None) -> np.ndarray:
+    """Labels as int64, checked: whole numbers 0 … K-1 (K = `classes` where the format fixes it)."""
+    y = np.asarray(y).reshape(-1)
+    if y.dtype.kind not in "biuf":
+        raise UsageError(f"{what}: labels have dtype {y.dtype}; allowed: class indices 0 … K-1 (integers)")
+    if y.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
+        if len(bad):
+            raise UsageError(f"{what}: label {float(y[bad[0]]):g} (item {bad[0]}) is not a class index; "
+                             "allowed: integers 0 … K-1")
+    top = "K-1" if classes is None else str(classes - 1)
+    bad = np.flatnonzero((y < 0) | (y >= (classes if classes is not None else np.inf)))
+    if len(bad):
+        raise UsageError(f"{what}: label {y[bad[0]]:g} (item {bad[0]}) is out of range; allowed: 0 … {top}"
+                         + (f" ({classes} classes)" if classes is not None else ""))
+    return y.astype(np.int64)
 
 
 def _to_nchw(x: np.ndarray, what: str) -> np.ndarray:
@@ -200,23 +255,34 @@ def _holdout(y: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.nd
     return np.sort(np.concatenate(kept)), np.sort(np.concatenate(held))
 
 
-def _assemble(name, x, y, x_test, y_test, rng, *, normalise: bool) -> Dataset:
-    y = np.asarray(y).reshape(-1)
+def _assemble(name, x, y, x_test, y_test, rng, *, normalise: bool, source: str | None = None) -> Dataset:
+    source = source or f"dataset '{name}'"
+    y = _labels(y, source)
     if len(y) == 0:
-        raise UsageError(f"dataset '{name}' has no training images")
+        raise UsageError(f"{source} has no training images")
     if x_test is None:
         kept, held = _holdout(y, rng)
         x, y, x_test, y_test = x[kept], y[kept], x[held], y[held]
-    y_test = np.asarray(y_test).reshape(-1)
-    labels = np.concatenate([y, y_test])
-    if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0:
-        raise UsageError(f"dataset '{name}' has labels that are not class indices (dtype {labels.dtype}); "
-                         "allowed: integers 0 … K-1")
+    y_test = _labels(y_test, source)
+    classes = int(y.max()) + 1
+    unused = sorted(set(range(classes)) - set(y.tolist()))
+    if unused:
+        shown = ", ".join(map(str, unused[:5])) + (", …" if len(unused) > 5 else "")
+        used = len(set(y.tolist()))
+        raise UsageError(f"{source}: labels run up to {classes - 1} but no training image has label {shown}; "
+                         f"allowed: labels 0 … K-1 with every class present (renumber the {used} classes "
+                         f"0 … {used - 1})")
+    if y_test.max(initial=0) >= classes:
+        raise UsageError(f"{source}: test label {int(y_test.max())} has no training image; allowed: the "
+                         f"training classes 0 … {classes - 1}")
     train, val = _holdout(y, rng)
     if min(len(train), len(val), len(y_test)) == 0:
         raise UsageError(f"dataset '{name}' is too small to split: {len(train)} training, {len(val)} "
                          f"validation and {len(y_test)} test images; each split needs at least one")
-    x_train, x_val, x_test = (np.array(a, dtype=np.float32) for a in (x[train], x[val], x_test))
+    with np.errstate(over="ignore", invalid="ignore"):  # values beyond float32 are refused just below
+        x_train, x_val, x_test = (np.array(a, dtype=np.float32) for a in (x[train], x[val], x_test))
+    for part, a in (("training", x_train), ("validation", x_val), ("test", x_test)):
+        _check_pixels(a, f"{source}: {part} images (as float32)")  # e.g. float64 values beyond float32
     if normalise:
         mean = x_train.mean(axis=(0, 2, 3), keepdims=True)
         std = x_train.std(axis=(0, 2, 3), keepdims=True) + 1e-6
@@ -224,7 +290,7 @@ def _assemble(name, x, y, x_test, y_test, rng, *, normalise: bool) -> Dataset:
             a -= mean
             a /= std
     return Dataset(name=name, input_shape=tuple(int(s) for s in x_train.shape[1:]),
-                   classes=int(labels.max()) + 1,
+                   classes=classes,
                    x_train=x_train, y_train=y[train].astype(np.int64),
                    x_val=x_val, y_val=y[val].astype(np.int64),
                    x_test=x_test, y_test=y_test.astype(np.int64))

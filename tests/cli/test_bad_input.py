@@ -168,3 +168,19 @@ def test_search_on_a_lut_device_by_the_path_of_its_yaml(tmp_path):
 def test_a_folder_without_a_spec_is_named(tmp_path):
     (tmp_path / "empty").mkdir()
     one_line_error(invoke("hw", "show", f"empty{os.sep}"), 2, "device folder 'empty/' holds no spec.yaml")
+
+
+# -- datasets that would train silently to nonsense ----------------------------------------
+@pytest.mark.parametrize("edit, message", [
+    (lambda a: a["x_train"].__setitem__((3, 0, 0), np.nan), "x_train holds 1 NaN or infinite pixel value(s)"),
+    (lambda a: a["y_train"].__setitem__(0, 99), "labels run up to 99 but no training image has label 10"),
+])
+def test_search_refuses_a_dataset_before_a_run_folder(tmp_path, edit, message):
+    rng = np.random.default_rng(0)
+    arrays = {"x_train": rng.random((50, 8, 8)), "y_train": np.arange(50) % 10,
+              "x_test": rng.random((10, 8, 8)), "y_test": np.arange(10)}
+    edit(arrays)
+    np.savez(tmp_path / "d.npz", **arrays)
+    result = invoke("search", "--dataset", tmp_path / "d.npz", "--budget", "1", "--epochs", "1")
+    one_line_error(result, 2, message)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

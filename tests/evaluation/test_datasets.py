@@ -98,7 +98,7 @@ def test_npz_errors(tmp_path):
         load_dataset(str(path), 0)
     np.savez(path, x_train=np.zeros((4, 8, 8)), y_train=np.array([0.5, 1, 0, 1]),
              x_test=np.zeros((2, 8, 8)), y_test=np.zeros(2, dtype=int))
-    with pytest.raises(UsageError, match="not class indices"):
+    with pytest.raises(UsageError, match=r"bad.npz': y_train: label 0.5 \(item 0\) is not a class index"):
         load_dataset(str(path), 0)
 
 
@@ -128,3 +128,69 @@ def test_image_folder(tmp_path):
     # without train/ and test/, a test split is held out too
     ds = load_dataset(str(tmp_path / "pets" / "train"), 0)
     assert _sizes(ds) == (12, 4, 4)
+
+
+def _npz(path, x_train=None, y_train=None, x_test=None, y_test=None):
+    rng = np.random.default_rng(0)
+    arrays = {"x_train": rng.random((30, 8, 8)), "y_train": np.arange(30) % 3,
+              "x_test": rng.random((9, 8, 8)), "y_test": np.arange(9) % 3}
+    given = {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}
+    np.savez(path, **{**arrays, **{k: v for k, v in given.items() if v is not None}})
+    return str(path)
+
+
+def _refused(spec, *texts):
+    with pytest.raises(UsageError) as info:
+        load_dataset(spec, 0)
+    message = str(info.value)
+    assert "\n" not in message and all(t in message for t in texts), message
+
+
+def test_npz_with_object_arrays_is_refused_in_one_line(tmp_path):
+    labels = np.empty(30, dtype=object)
+    labels[:] = [i % 3 for i in range(30)]
+    path = _npz(tmp_path / "objects.npz", y_train=labels)
+    _refused(path, f"dataset file '{path}': array y_train holds Python objects (dtype object)",
+             "allowed: numeric arrays")
+    _refused(_npz(tmp_path / "text.npz", x_test=np.full((9, 8, 8), "a")), "array x_test has dtype <U1")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_npz_with_nan_or_infinite_pixels_is_refused(tmp_path, bad):
+    x = np.random.default_rng(0).random((30, 8, 8))
+    x[7, 2, 3] = bad
+    path = _npz(tmp_path / "d.npz", x_train=x)
+    _refused(path, f"dataset file '{path}': x_train holds 1 NaN or infinite pixel value(s) (first in image 7)",
+             "allowed: finite numbers")
+
+
+def test_pixels_beyond_float32_are_refused(tmp_path):
+    x = np.random.default_rng(0).random((9, 8, 8))
+    x[0, 0, 0] = 1e300
+    _refused(_npz(tmp_path / "d.npz", x_test=x), "test images (as float32) holds 1 NaN or infinite")
+
+
+@pytest.mark.parametrize("y_train, y_test, texts", [
+    (np.r_[np.arange(29) % 3, -1], None, ["y_train: label -1 (item 29) is out of range; allowed: 0 … K-1"]),
+    (np.r_[np.arange(29) % 3, 99], None, ["labels run up to 99 but no training image has label 3, 4, 5, 6, 7, …",
+                                          "renumber the 4 classes 0 … 3"]),
+    ((np.arange(30) % 3) + 1, None, ["no training image has label 0"]),
+    (None, np.r_[np.arange(8) % 3, 5], ["test label 5 has no training image; allowed: the training classes 0 … 2"]),
+    (np.arange(30) % 3 + 0.5, None, ["y_train: label 0.5 (item 0) is not a class index"]),
+])
+def test_npz_labels_must_be_the_classes_0_to_k_minus_1(tmp_path, y_train, y_test, texts):
+    _refused(_npz(tmp_path / "d.npz", y_train=y_train, y_test=y_test), *texts)
+
+
+def test_whole_float_labels_are_class_indices(tmp_path):
+    ds = load_dataset(_npz(tmp_path / "d.npz", y_train=(np.arange(30) % 3).astype(float)), 0)
+    assert ds.classes == 3 and ds.y_train.dtype == np.int64
+
+
+def test_cifar_batch_with_a_label_beyond_ten_classes_is_refused(tmp_path):
+    folder = _write_cifar(tmp_path / "cifar")
+    with open(folder / "data_batch_3", "wb") as f:
+        pickle.dump({b"data": np.zeros((20, 3072), dtype=np.uint8), b"labels": [99] + [i % 10 for i in range(19)]},
+                    f)
+    _refused(str(folder), f"CIFAR-10 batch '{folder / 'data_batch_3'}': label 99 (item 0) is out of range; "
+                          "allowed: 0 … 9 (10 classes)")
