@@ -1,32 +1,35 @@
-"""How close each search strategy gets to NAS-Bench-201's true accuracy/latency fronts.
+"""How close each search strategy gets to the true accuracy/cost fronts of NAS-Bench-201.
 
-Every registered strategy (or those named; gp, at about a second a proposal, only when
-named) searches the `nb201` space for CIFAR-10
-test accuracy (maximised) against the latency of each HW-NAS-Bench device (eyeriss,
-fpga, pixel3, raspi4; minimised), driven as the engine drives it, but answered from
-the benchmark tables instead of training: a budget counts distinct architectures
-queried; re-proposing one already queried costs nothing.  The score of a run is the
-hypervolume of every architecture it queried as a fraction of the hypervolume of the
-true front of the whole table, both objectives scaled to the true front's range
-(0 at its best, 1 at its worst value) with the reference point at 1.01 (1% beyond the
-front's nadir; points beyond it add nothing).  Printed: mean ± std over the seeds.
+Every strategy named searches the `nb201` space through nasctl's own search loop
+(`nasctl.loop.search_loop`, the loop `nasctl search` runs) with trials kept in memory,
+answered from the benchmark tables instead of training: a budget counts distinct
+architectures queried (trained); re-proposing one costs nothing, and so does a cell the
+front has no cost for (it fails before training, as in `nasctl search`).  With a
+surrogate (`NAME+KIND[:N]`, `nasctl search --strategy NAME --surrogate KIND --screen
+N`), the costs of the candidates screened come from the table without counting as a
+query, as the engine computes costs on a device and counts only trainings.
 
-The 341 degenerate cells (the cell output is cut off from its input; CIFAR-10 accuracy
-exactly 10.0) are left out of the true front, but stay queryable: a strategy that
-proposes one pays a query and gets the table's values, which lie beyond the
-reference point and add nothing to the score.
+A front is `ACC:COST[@HOLES]`:
+- ACC: test accuracy on `c10` (CIFAR-10), `c100` or `in16` (ImageNet16-120);
+- COST: a HW-NAS-Bench latency (`eyeriss`, `fpga`, `pixel3`, `raspi4`), `flops` or
+  `params`, a sum of them (`eyeriss+fpga`, ms added), or a monotone transform `log:`,
+  `sqrt:` or `sq:` of one (which reshapes the front once both axes are scaled);
+- HOLES: `degenerate` (no cost for the 341 cells whose output is cut off from the input,
+  as many public latency tables leave them) or `randP` (no cost for P% of the cells,
+  drawn with a fixed seed).
+The fronts are split in two: TUNING, on which strategies and `--strategy auto` were
+tuned, and HELD_OUT, which were not looked at while tuning (`--fronts tuning`,
+`held-out`, `all`, or a comma-separated list).
 
-    python benchmarks/nb201_search.py [--data DIR] [--strategies nsga2,random,tpe+ridge]
-        [--devices eyeriss,fpga,pixel3,raspi4] [--budgets 100,300] [--seeds 10] [--screen 5] [--jobs 2]
+A run's score is the hypervolume of every architecture it queried as a fraction of the
+hypervolume of the true front of the whole table, both objectives scaled to the true
+front's range (0 at its best, 1 at its worst value) with the reference point at 1.01.
+The 341 degenerate cells (CIFAR-10 accuracy exactly 10.0) are left out of the true
+front but stay queryable.  Printed per front: mean ± std over the seeds; then each
+strategy's worst front, and which strategies beat `random` on every front.
 
-`NAME+KIND` runs strategy NAME with surrogate-assisted screening (`nasctl search
---surrogate KIND --screen N`, N from --screen or from `NAME+KIND:N`): a predictor of
-model KIND, refit on the queries so far, picks one in N of the strategy's proposals for
-a query; the strategy is told the predicted values of the others.  Latencies of the
-candidates screened come from the table and are not counted as queries (the engine
-computes them on the device model; only accuracy costs training).  By default
-`random+gp:600` runs too: random proposals screened by a GP, 600 per query (at 300
-queries the first refit screens 15,000 of the 15,625 cells, the second the rest).
+    python benchmarks/nb201_search.py [--data DIR] [--fronts tuning|held-out|all|F1,F2]
+        [--strategies nsga2,random,random+gp:600] [--budgets 300] [--seeds 10] [--jobs 2]
 
 DIR holds `nb201_acc.csv` and `hwnasbench_nb201.csv` (default: $NASCTL_NB201_DIR, else
 ../shared/benchmarks/nb201 next to this checkout).
@@ -35,137 +38,150 @@ DIR holds `nb201_acc.csv` and `hwnasbench_nb201.csv` (default: $NASCTL_NB201_DIR
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from nasctl.loop import MemoryTrials, Unpriced, search_loop
+from nasctl.predictors import PREDICTORS
 from nasctl.spaces.base import arch_key
 from nasctl.spaces.loader import load_space
-from nasctl.predictors import PREDICTORS
 from nasctl.strategies import STRATEGIES
-from nasctl.surrogate import Surrogate, choose
+from nasctl.surrogate import Surrogate
 from nb201_data import DEFAULT_DATA
 
-DEVICES = ("eyeriss", "fpga", "pixel3", "raspi4")
-STALLED_ROUNDS = 50  # as the engine: stop after this many rounds proposing nothing new
-SLOW = ("gp",)       # ~1 s a proposal: run on its own with fewer seeds
-# Screened searches run by default besides every strategy but SLOW: random proposals,
-# nearly the whole space by the first refit, screened by a GP on WL features.
+ACCURACY = {"c10": "cifar10_test", "c100": "cifar100_test", "in16": "imagenet16_test"}
+COSTS = {**{d: f"cifar10_{d}_latency_ms" for d in ("eyeriss", "fpga", "pixel3", "raspi4")},
+         "flops": "cifar10_flops_M", "params": "params_M"}
+TRANSFORMS = {"log": np.log, "sqrt": np.sqrt, "sq": np.square}
+TUNING = ("c10:eyeriss", "c10:fpga", "c10:pixel3", "c10:raspi4", "c100:fpga", "c10:flops",
+          "c10:log:pixel3", "c10:eyeriss@degenerate")
+HELD_OUT = ("c100:pixel3@degenerate", "in16:eyeriss", "c10:params", "c10:raspi4@rand10",
+            "c100:eyeriss+fpga", "c10:sqrt:fpga", "in16:sq:raspi4@degenerate", "in16:flops")
+SLOW = ("gp",)  # ~1 s a proposal: only when named
+# Run by default besides every strategy but SLOW: random proposals, nearly the whole
+# space by the first refit, screened by a GP on WL features.
 SCREENED = ("random+gp:600",)
+OBJECTIVES = ["accuracy", "latency_ms"]
+HOLE_SEED = 20240601  # the cells `randP` leaves without a cost: the same for every run
 
 
-class Table:
-    """Objective values (minimisation: -accuracy, latency) of every NB201 cell for one
-    device, keyed by the cell's knob indices, and the scaling of the true front."""
+def parse_front(spec: str) -> tuple[str, list[str], str | None, str | None]:
+    """(accuracy column, cost columns summed, transform, holes) of `ACC:COST[@HOLES]`."""
+    body, _, holes = spec.partition("@")
+    acc, _, cost = body.partition(":")
+    fn, _, expr = cost.rpartition(":")
+    terms = expr.split("+")
+    ok_holes = holes == "" or holes == "degenerate" or (holes.startswith("rand") and holes[4:].isdigit()
+                                                        and 0 < int(holes[4:]) < 100)
+    if acc not in ACCURACY or (fn and fn not in TRANSFORMS) or not all(t in COSTS for t in terms) or not ok_holes:
+        raise SystemExit(f"error: front '{spec}' is not ACC:[FN:]COST[+COST][@HOLES] with ACC one of "
+                         f"{', '.join(ACCURACY)}, FN one of {', '.join(TRANSFORMS)}, COST one of "
+                         f"{', '.join(COSTS)}, HOLES 'degenerate' or randP (0 < P < 100)")
+    return ACCURACY[acc], [COSTS[t] for t in terms], fn or None, holes or None
 
-    def __init__(self, data: Path, device: str):
+
+class Front:
+    """One accuracy/cost table over every NB201 cell, keyed by the cell's knob indices
+    (costs NaN where the front has a hole), and the scaling of its true front."""
+
+    def __init__(self, data: Path, spec: str):
         import pandas as pd
         from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
 
-        self.space = load_space("nb201")
-        acc = pd.read_csv(data / "nb201_acc.csv", usecols=["arch_str", "cifar10_test"])
-        lat = pd.read_csv(data / "hwnasbench_nb201.csv", usecols=["arch_str", f"cifar10_{device}_latency_ms"])
-        table = acc.merge(lat, on="arch_str", validate="one_to_one")
+        acc_col, cost_cols, fn, holes = parse_front(spec)
+        self.spec, self.space = spec, load_space("nb201")
+        acc = pd.read_csv(data / "nb201_acc.csv", usecols=["arch_str", "cifar10_test", acc_col]
+                          if acc_col != "cifar10_test" else ["arch_str", acc_col])
+        cost = pd.read_csv(data / "hwnasbench_nb201.csv", usecols=["arch_str", *dict.fromkeys(cost_cols)])
+        table = acc.merge(cost, on="arch_str", validate="one_to_one")
+        c = table[cost_cols].sum(axis=1).to_numpy(dtype=float, copy=True)
+        c = TRANSFORMS[fn](np.maximum(c, 1e-9) if fn == "log" else c) if fn else c
+        degenerate = table["cifar10_test"].to_numpy() == 10.0
+        if holes == "degenerate":
+            c[degenerate] = np.nan
+        elif holes:
+            drop = np.random.default_rng(HOLE_SEED).random(len(c)) < int(holes[4:]) / 100
+            c[drop] = np.nan
         self.sizes = np.array([len(v.choices) for v in self.space.variables()])
-        codes = np.array([self.code(self.space.parse_arch(s)) for s in table["arch_str"]])
-        self.F = np.full((int(np.prod(self.sizes)), 2), np.nan)
-        self.F[codes] = np.column_stack([-table["cifar10_test"], table[f"cifar10_{device}_latency_ms"]])
-        ok = table["cifar10_test"].to_numpy() != 10.0
-        front = self.F[codes[ok]][NonDominatedSorting().do(self.F[codes[ok]], only_non_dominated_front=True)]
+        self.codes = {arch_key(self.space.parse_arch(s)): i for i, s in enumerate(table["arch_str"])}
+        self.accuracy, self.cost = table[acc_col].to_numpy(dtype=float), c
+        self.holes = int(np.isnan(c).sum())
+        ok = ~degenerate & ~np.isnan(c)
+        F = np.column_stack([-self.accuracy, c])[ok]
+        front = F[NonDominatedSorting().do(F, only_non_dominated_front=True)]
         self.lo, self.hi = front.min(axis=0), front.max(axis=0)
         self.front_size = len(front)
         self.front_hv = self.hypervolume(front)
-
-    def code(self, arch) -> int:
-        return int(np.ravel_multi_index(self.space.to_indices(arch), self.sizes))
 
     def hypervolume(self, F: np.ndarray) -> float:
         from pymoo.indicators.hv import HV
 
         return float(HV(ref_point=np.full(2, 1.01))((F - self.lo) / (self.hi - self.lo)))
 
+    def price(self, arch: dict, accuracy: float, rates: list[float]) -> dict:
+        """A trials row of `arch` at the given accuracy, its cost from the table."""
+        key = arch_key(arch)
+        cost = self.cost[self.codes[key]]
+        if cost != cost:
+            raise Unpriced(f"front {self.spec} has no cost for {key}")
+        return {"arch": key, "accuracy": accuracy, "latency_ms": float(cost), "feasible": True}
 
-def search(table: Table, strategy_name: str, budget: int, seed: int, screen: int = 5) -> np.ndarray:
-    """Objective values of the distinct architectures the strategy queried, in order.
-    `NAME+KIND` screens the strategy's proposals with a surrogate of predictor model KIND
-    as `nasctl search --surrogate KIND --screen SCREEN` does; latencies, which the engine
-    computes exactly on a device, come from the table."""
+    def evaluate(self, arch: dict) -> dict:
+        """The trials row of `arch`: its accuracy and cost from the table (one query)."""
+        row = self.price(arch, 0.0, [1.0])
+        row["accuracy"] = float(self.accuracy[self.codes[row["arch"]]])
+        return row
+
+
+def search(front: Front, strategy_name: str, budget: int, seed: int, screen: int = 5) -> np.ndarray:
+    """Objective values (minimisation) of the distinct architectures the strategy queried,
+    in order, searched by nasctl's loop.  `NAME+KIND` screens the strategy's proposals
+    with a surrogate of predictor model KIND as `nasctl search --surrogate KIND --screen
+    SCREEN` does."""
     name, _, kind = strategy_name.partition("+")
     strategy = STRATEGIES.get(name)()
-    strategy.setup(table.space, 2, 0, seed=seed, budget=budget * (screen if kind else 1), pool=bool(kind))
-    surrogate = Surrogate(kind, table.space, seed=seed, budget=budget) if kind else None
-    seen: dict[str, np.ndarray] = {}
-    passed_over: dict[str, dict] = {}  # as the engine: reconsidered at every refit
-    stalled = 0
-    while len(seen) < budget and stalled < STALLED_ROUNDS:
-        n = surrogate.ask_size(len(seen), budget - len(seen), screen) if surrogate else budget - len(seen)
-        archs = strategy.ask(n)
-        ready = surrogate is not None and surrogate.ready(len(seen))
-        if not archs and not (ready and passed_over):
-            break
-        fresh = {arch_key(a): a for a in archs if arch_key(a) not in seen}
-        new = list(fresh.values())
-        candidates = new + [a for k, a in passed_over.items() if k not in fresh and k not in seen] if ready else new
-        predicted = _screen(table, surrogate, candidates, seen, surrogate.n_real(len(candidates), screen)) \
-            if ready and candidates else {}
-        passed_over = {arch_key(a): a for a in candidates if arch_key(a) in predicted}
-        before = len(seen)
-        for arch in candidates:
-            key = arch_key(arch)
-            if key not in predicted and len(seen) < budget:
-                seen[key] = table.F[table.code(arch)]
-        known = {**predicted, **seen}
-        told = [a for a in archs if arch_key(a) in known]
-        if told:
-            strategy.tell(told, np.array([known[arch_key(a)] for a in told]).reshape(-1, 2), np.zeros((len(told), 0)))
-        stalled = stalled + 1 if len(seen) == before else 0
-    return np.array(list(seen.values()))
+    strategy.setup(front.space, 2, 0, seed=seed, budget=budget * (screen if kind else 1), pool=bool(kind))
+    surrogate = Surrogate(kind, front.space, seed=seed, budget=budget) if kind else None
+    trials = MemoryTrials()
+    search_loop(front.space, strategy, trials, front.evaluate, front.price, objectives=OBJECTIVES,
+                constraints=[], budget=budget, surrogate=surrogate, screen=screen)
+    rows = sorted(trials.finished_rows(), key=lambda r: r["trial"])
+    return np.array([[-r["accuracy"], r["latency_ms"]] for r in rows]).reshape(-1, 2)
 
 
-def _row(f: np.ndarray) -> dict:
-    """A table row as the engine's trials hold it."""
-    return {"accuracy": -f[0], "latency_ms": f[1]}
+_FRONTS: dict[tuple[Path, str], Front] = {}
 
 
-def _screen(table: Table, surrogate: Surrogate, candidates: list[dict], seen: dict, n_pick: int) -> dict:
-    """Refit the surrogate on the queried architectures; the predicted objective values of
-    the candidates it does not pick for a query."""
-    surrogate.refit([{"arch": k, **_row(f)} for k, f in seen.items()])
-    F = np.array([[-acc, table.F[table.code(a)][1]] for a, (acc, _) in zip(candidates, surrogate.predict(candidates))])
-    pick = set(choose([_row(f) for f in F], [_row(f) for f in seen.values()], ["accuracy", "latency_ms"],
-                      [0.0] * len(candidates), n_pick))
-    return {arch_key(a): f for i, (a, f) in enumerate(zip(candidates, F)) if i not in pick}
-
-
-_TABLES: dict[tuple[Path, str], Table] = {}
-
-
-def score(data: Path, device: str, strategy_name: str, budget: int, seed: int, screen: int) -> tuple[float, float, int]:
+def score(data: Path, spec: str, strategy_name: str, budget: int, seed: int, screen: int) -> tuple[float, float, int]:
     """(hypervolume fraction, seconds, queries) of one run."""
-    if (data, device) not in _TABLES:
-        _TABLES[data, device] = Table(data, device)
-    table = _TABLES[data, device]
+    if (data, spec) not in _FRONTS:
+        _FRONTS[data, spec] = Front(data, spec)
+    front = _FRONTS[data, spec]
     t = time.perf_counter()
-    F = search(table, strategy_name, budget, seed, screen)
-    return table.hypervolume(F) / table.front_hv, time.perf_counter() - t, len(F)
+    F = search(front, strategy_name, budget, seed, screen)
+    return front.hypervolume(F) / front.front_hv, time.perf_counter() - t, len(F)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA,
                     help="folder holding nb201_acc.csv and hwnasbench_nb201.csv")
+    ap.add_argument("--fronts", default="all", help="tuning, held-out, all, or comma-separated ACC:COST[@HOLES]")
     ap.add_argument("--strategies", default=",".join([*(n for n in STRATEGIES.names() if n not in SLOW), *SCREENED]),
                     help=f"comma-separated strategy names, NAME+KIND for NAME screened by a surrogate of "
                          f"predictor model KIND, NAME+KIND:N with N proposals per query (default: every "
                          f"strategy but {', '.join(SLOW)}, and {', '.join(SCREENED)})")
-    ap.add_argument("--devices", default=",".join(DEVICES), help="comma-separated HW-NAS-Bench devices")
-    ap.add_argument("--budgets", default="100,300", help="comma-separated numbers of table queries")
-    ap.add_argument("--seeds", type=int, default=10, help="runs per setting, seeds 0..SEEDS-1")
+    ap.add_argument("--budgets", default="300", help="comma-separated numbers of table queries")
+    ap.add_argument("--seeds", type=int, default=10, help="runs per setting, seeds FIRST..FIRST+SEEDS-1")
+    ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--screen", type=int, default=5, help="with NAME+KIND: proposals per table query "
                                                            "(NAME+KIND:N sets it for one)")
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
+    ap.add_argument("--json", type=Path, help="also write every run's score to this file")
     args = ap.parse_args()
     for name in ("nb201_acc.csv", "hwnasbench_nb201.csv"):
         if not (args.data / name).is_file():
@@ -182,45 +198,60 @@ def main() -> None:
             raise SystemExit(f"error: '{spec}': N in NAME+KIND:N is a whole number of at least 2, "
                              "after a surrogate KIND")
         screens[spec] = (name, int(screen or args.screen))
-    devices = args.devices.split(",")
-    bad = [d for d in devices if d not in DEVICES]
-    if bad:
-        raise SystemExit(f"error: unknown device(s) {', '.join(bad)}; allowed: {', '.join(DEVICES)}")
+    fronts = {"tuning": list(TUNING), "held-out": list(HELD_OUT), "all": [*TUNING, *HELD_OUT]}.get(
+        args.fronts) or args.fronts.split(",")
+    for f in fronts:
+        parse_front(f)
     budgets = [int(b) for b in args.budgets.split(",")]
-    seeds = range(args.seeds)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
 
-    print("NB201 search: hypervolume of all queried architectures / true front's, CIFAR-10 accuracy vs "
-          f"latency, mean ± std over {args.seeds} seeds; degenerate cells left out of the true front")
-    for device in devices:
-        table = Table(args.data, device)
-        print(f"  {device}: true front {table.front_size} points")
-    tasks = [(args.data, d, screens[s][0], b, seed, screens[s][1])
-             for s in strategies for d in devices for b in budgets for seed in seeds]
+    print(f"NB201 search through nasctl's search loop: hypervolume of all queried architectures / true "
+          f"front's, mean ± std over seeds {seeds.start}-{seeds.stop - 1}; degenerate cells left out of the "
+          f"true front")
+    for f in fronts:
+        front = Front(args.data, f)
+        print(f"  {f:<28} {'(held out)' if f in HELD_OUT else '(tuning)  ' if f in TUNING else '          '}"
+              f" true front {front.front_size} points, {front.holes} cells without a cost")
+    tasks = [(args.data, f, screens[s][0], b, seed, screens[s][1])
+             for s in strategies for f in fronts for b in budgets for seed in seeds]
     with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else _Serial() as pool:
         results = dict(zip(tasks, pool.map(score, *zip(*tasks))))
+    if args.json:
+        args.json.write_text(json.dumps([{"front": t[1], "strategy": s, "budget": t[3], "seed": t[4],
+                                          "hv": r[0], "seconds": r[1], "queries": r[2]}
+                                         for s in strategies for t, r in results.items()
+                                         if (t[2], t[5]) == screens[s]], indent=1))
 
-    cols = [(d, b) for d in devices for b in budgets]
-    print()
-    print(f"{'strategy':<14}" + "".join(f"{d + ' ' + str(b):>16}" for d, b in cols) + f"{'s/run':>8}")
     means = {}
-    for s in strategies:
-        cells, secs = [], []
-        for d, b in cols:
-            runs = [results[args.data, d, screens[s][0], b, seed, screens[s][1]] for seed in seeds]
-            hv = np.array([r[0] for r in runs])
-            means[s, d, b] = hv.mean()
-            secs += [r[1] for r in runs]
-            cells.append(f"{hv.mean():.3f} ± {hv.std():.3f}")
-        print(f"{s:<14}" + "".join(f"{c:>16}" for c in cells) + f"{np.mean(secs):>8.2f}")
+    for b in budgets:
+        print()
+        print(f"at {b} queries: " + "  ".join(f"[{i}] {f}" for i, f in enumerate(fronts)))
+        print(f"{'strategy':<16}" + "".join(f"{'[' + str(i) + ']':>15}" for i in range(len(fronts)))
+              + f"{'worst':>8}{'mean':>7}{'s/run':>7}")
+        for s in strategies:
+            cells, secs = [], []
+            for f in fronts:
+                runs = [results[args.data, f, screens[s][0], b, seed, screens[s][1]] for seed in seeds]
+                hv = np.array([r[0] for r in runs])
+                means[s, f, b] = hv.mean()
+                secs += [r[1] for r in runs]
+                cells.append(f"{hv.mean():.3f} ± {hv.std():.3f}")
+            worst = min(means[s, f, b] for f in fronts)
+            mean = np.mean([means[s, f, b] for f in fronts])
+            print(f"{s:<16}" + "".join(f"{c:>15}" for c in cells) + f"{worst:>8.3f}{mean:>7.3f}{np.mean(secs):>7.2f}")
     top = max(budgets)
     print()
-    for d in devices:
-        best = max(strategies, key=lambda s: means[s, d, top])
-        print(f"{d}: best at {top} queries {best} {means[best, d, top]:.3f}")
+    for s in strategies:
+        worst = min(fronts, key=lambda f: means[s, f, top])
+        print(f"{s}: worst front at {top} queries {worst} {means[s, worst, top]:.3f}")
     if "random" in strategies:
-        beat = [s for s in strategies if s != "random" and all(means[s, d, top] > means["random", d, top]
-                                                               for d in devices)]
-        print(f"beat random at {top} queries on every device: {', '.join(beat) or 'none'}")
+        beat = [s for s in strategies if s != "random" and all(means[s, f, top] > means["random", f, top]
+                                                               for f in fronts)]
+        print(f"beat random at {top} queries on every front: {', '.join(beat) or 'none'}")
+        for s in strategies:
+            lost = [f for f in fronts if s != "random" and means[s, f, top] <= means["random", f, top]]
+            if lost:
+                print(f"  {s} does not beat random on: {', '.join(lost)}")
 
 
 class _Serial:

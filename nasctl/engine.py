@@ -32,15 +32,12 @@ from .spaces.loader import load_space
 from .spaces.pinned import pin_knobs
 from .store import RunStore, TrialStore, open_storage
 from .strategies import STRATEGIES
-from .surrogate import Outcomes, Surrogate, batch_tau, choose, log_refit
+from .loop import Unpriced, search_loop, summarise_failures
+from .surrogate import Outcomes, Surrogate, log_refit
 from .tables import ArchTable, MissingEntry, is_table
 
-# How many rounds in a row a strategy may propose only candidates already evaluated.
-_MAX_STALLED_ROUNDS = 50
 # `--accuracy predictor:NAME`: accuracy (and exit rates) from a saved predictor.
 PREDICTOR_PREFIX = "predictor:"
-# Objective values told to a strategy for a candidate that could not be evaluated.
-_FAILED_PENALTY = 1e12
 
 
 @dataclass
@@ -51,6 +48,8 @@ class SearchResult:
     constraints: list[Constraint]
     timings: dict = field(default_factory=dict)
     unused_budget: int = 0  # trials left when the strategy stopped proposing new architectures
+    notes: list[str] = field(default_factory=list)  # what the user should know: capped workers, failed trials
+    failed: int = 0  # trials that failed (could not be priced, built or trained)
 
 
 def candidate_seed(seed: int, key: str) -> int:
@@ -196,10 +195,20 @@ class Evaluator:
         return out
 
     def __call__(self, arch: dict) -> dict:
-        """The trials.csv row of `arch` (without its trial number); MissingEntry if a table lacks it."""
+        """The trials.csv row of `arch` (without its trial number).  Its cost is checked
+        first: `Unpriced`, before any training, where it cannot be computed."""
+        self.price(arch, 0.0, [0.0] * (len(self.space.active_exits(arch)) - 1) + [1.0])
         t0 = time.perf_counter()
         accuracy, rates = self.outcome(arch)
         return self.row(arch, accuracy, rates, time.perf_counter() - t0)
+
+    def price(self, arch: dict, accuracy: float, rates: list[float]) -> dict:
+        """The row of `arch` from a given (e.g. predicted) accuracy and exit rates;
+        `Unpriced` where a latency table lacks it or the device cannot price its ops."""
+        try:
+            return self.row(arch, accuracy, rates, 0.0)
+        except MissingEntry as e:
+            raise Unpriced(str(e)) from None
 
     def outcome(self, arch: dict) -> tuple[float, list[float]]:
         """What training tells about `arch` (or a table): its accuracy and the share of
@@ -239,7 +248,7 @@ class Evaluator:
             report = device.estimate(layers)
             if report.unsupported:
                 ops = ", ".join(f"{op} x{n}" for op, n in report.unsupported.items())
-                raise UsageError(f"device '{device.name}' cannot price op(s) {ops} of space '{self.space.name}'")
+                raise Unpriced(f"device '{device.name}' cannot price op(s) {ops}")
             lat_path, en_path = report.exit_path_costs()
             latency = expected_cost(lat_path, rates)
             energy = expected_cost(en_path, rates) if en_path is not None else None
@@ -283,6 +292,11 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
     the inputs are checked and the run folder exists, `on_trial(row, done)` after each
     candidate this process evaluates."""
     t_start = time.perf_counter()
+    notes = []
+    n_workers, why = worker_cap(cfg)
+    if n_workers < cfg.workers:
+        notes.append(f"--workers {cfg.workers} capped at {n_workers}: {why}")
+        cfg = cfg.model_copy(update={"workers": n_workers})
     evaluator = Evaluator(cfg)
     STRATEGIES.get(cfg.strategy)  # an unknown strategy or surrogate fails before any folder is made
     if cfg.surrogate:
@@ -298,7 +312,7 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
         store = RunStore.create(run_dir, run_id, evaluator.columns)
         store.write_config({**cfg.model_dump(), "resolved": evaluator.resolved()})
     trials = TrialStore(storage_url(cfg, store.path), study_name(cfg, store.path), directions(cfg),
-                        evaluator.space, cfg.seed)
+                        evaluator.space, cfg.seed, objectives=cfg.objectives)
     index = trials.register(cfg.model_dump(), resume)
     if resume:
         trials.fail_stale()
@@ -328,10 +342,16 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
             from .runs import write_summary
 
             write_summary(store.path)
+    failures = trials.failures()
+    if failures:
+        notes.append(summarise_failures(failures))
     result = SearchResult(store.path, rows, front, evaluator.constraints, {
         "total_s": round(time.perf_counter() - t_start, 3),
         "train_s": round(sum(r["train_s"] for r in rows), 3),
-        "trials": len(rows)}, unused_budget=cfg.budget - trials.n_claimed())
+        "trials": len(rows)}, unused_budget=cfg.budget - trials.n_claimed(), notes=notes, failed=len(failures))
+    if not rows:
+        raise WorkFailed(f"no candidate could be evaluated: {summarise_failures(failures) or 'none was proposed'}; "
+                         f"the run is kept in {store.path}")
     if rows and not front and evaluator.constraints:
         best = ", ".join(f"{c} (best seen {c.best(rows):.4g})" for c in evaluator.constraints)
         raise WorkFailed(f"no evaluated candidate meets {best}; "
@@ -339,12 +359,43 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
     return result
 
 
+# Memory one local worker process takes (torch, the dataset, a small candidate in training):
+# about 210 MB measured for digits; more is kept free for the rest of the machine.
+WORKER_BYTES = 300 * 2**20
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new processes (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def worker_cap(cfg: SearchConfig) -> tuple[int, str]:
+    """Local workers worth starting, and what capped them: at most one per trial of the
+    budget, and as many as half the available memory holds."""
+    cap, why = cfg.workers, ""
+    if cfg.budget < cap:
+        cap, why = cfg.budget, f"one per trial of --budget {cfg.budget}"
+    free = available_memory()
+    if free is not None and (fit := max(1, free // 2 // WORKER_BYTES)) < cap:
+        cap, why = fit, (f"{free / 2**30:.1f} GiB of available memory holds {fit} "
+                         f"(about {WORKER_BYTES // 2**20} MB each, half the memory kept free)")
+    return cap, why
+
+
 def _worker(cfg_dump: dict, run_dir: str) -> None:
     """A local worker process: the same search on the same study, its strategy seeded apart."""
     cfg = SearchConfig(**cfg_dump)
     evaluator = Evaluator(cfg)
     path = Path(run_dir)
-    trials = TrialStore(storage_url(cfg, path), study_name(cfg, path), directions(cfg), evaluator.space, cfg.seed)
+    trials = TrialStore(storage_url(cfg, path), study_name(cfg, path), directions(cfg), evaluator.space, cfg.seed,
+                        objectives=cfg.objectives)
     try:
         _work(evaluator, RunStore(path, evaluator.columns), trials, worker=trials.register(cfg_dump, False))
     except KeyboardInterrupt:
@@ -353,108 +404,20 @@ def _worker(cfg_dump: dict, run_dir: str) -> None:
 
 def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int,
           on_trial: Callable[[dict, int], None] | None = None) -> None:
+    """This process's share of the search: the one loop (`nasctl.loop`), trials in the
+    run's study, each finished row appended to trials.csv as it ends."""
     cfg, space = evaluator.cfg, evaluator.space
     strategy = STRATEGIES.get(cfg.strategy)()
     # With a surrogate, the strategy proposes `screen` candidates per real evaluation, a pool at a time.
     strategy.setup(space, len(cfg.objectives), len(evaluator.constraints), seed=cfg.seed + worker,
                    budget=cfg.budget * (cfg.screen if cfg.surrogate else 1), pool=bool(cfg.surrogate))
     surrogate = Surrogate(cfg.surrogate, space, seed=cfg.seed + worker, budget=cfg.budget) if cfg.surrogate else None
-    screened: list[tuple[float, float]] = []  # (real, predicted) accuracy of every screened-in trial
-    # Candidates the surrogate passed over: reconsidered at every refit (strategies do not
-    # propose an architecture twice, so they would otherwise be lost to the search).
-    passed_over: dict[str, dict] = {}
-    seen = {row["arch"]: row for row in trials.finished_rows()}
-    failed = trials.failed_keys()
-    stalled = 0
-    while (claimed := trials.n_claimed()) < cfg.budget and stalled < _MAX_STALLED_ROUNDS:
-        ready = surrogate is not None and surrogate.ready(len(seen))
-        n = surrogate.ask_size(len(seen), cfg.budget - claimed, cfg.screen) if surrogate else cfg.budget - claimed
-        archs = [space.validate(a) for a in strategy.ask(n)]
-        if not archs and not (ready and passed_over):
-            break
-        new = [a for a in archs if arch_key(a) not in seen and arch_key(a) not in failed]
-        candidates = new
-        if ready:
-            keys = {arch_key(a) for a in new}
-            candidates = new + [a for k, a in passed_over.items() if k not in keys and k not in seen]
-        screening = _screen(evaluator, surrogate, candidates, seen, surrogate.n_real(len(candidates), cfg.screen)) \
-            if ready and candidates else None
-        skipped = screening.skipped if screening else {}
-        passed_over = {arch_key(a): a for a in candidates if arch_key(a) in skipped}
-        evaluated = 0
-        for arch in candidates:
-            key = arch_key(arch)
-            if key in skipped or trials.n_claimed() >= cfg.budget:
-                continue
-            trial = trials.start(arch, key)
-            if trial is None:  # another worker has it: its result, if finished, is told as ours
-                seen.update((r["arch"], r) for r in trials.finished_rows() if r["arch"] not in seen)
-                continue
-            try:
-                row = evaluator(arch)
-            except MissingEntry as e:
-                trials.fail(trial, str(e))
-                failed.add(key)
-                continue
-            except BaseException:
-                trials.stop(trial)
-                raise
-            finally:
-                evaluated += 1
-            values = [row[o] for o in cfg.objectives]
-            number = trials.finish(trial, row, values, {str(c): c.violation(row) for c in evaluator.constraints})
-            row = {"trial": number, **row}
-            seen[key] = row
-            store.append(row)
-            if on_trial:
-                on_trial(row, len(seen))
-        if screening:
-            batch = [(seen[k]["accuracy"], acc) for k, acc in screening.chosen.items() if k in seen]
-            screened += batch
-            log_refit(store.path, worker=worker, refit=surrogate.refits, trials=screening.trials,
-                      proposed=len(new), evaluated=len(batch), kendall_tau=batch_tau(batch),
-                      kendall_tau_so_far=batch_tau(screened), fit_s=screening.fit_s)
-        if archs:
-            _tell(strategy, archs, {**skipped, **seen}, cfg.objectives, evaluator.constraints)
-        stalled = 0 if evaluated else stalled + 1
 
+    def finished(row: dict, done: int) -> None:
+        store.append(row)
+        if on_trial:
+            on_trial(row, done)
 
-@dataclass
-class _Screening:
-    chosen: dict[str, float]    # key -> predicted accuracy, of the candidates to evaluate
-    skipped: dict[str, dict]    # key -> predicted trials.csv row, of the others
-    trials: int                 # finished trials the surrogate was fitted on
-    fit_s: float
-
-
-def _screen(evaluator: Evaluator, surrogate: Surrogate, candidates: list[dict], seen: dict,
-            n_pick: int) -> _Screening:
-    """Refit the surrogate and split candidates into the `n_pick` to evaluate for real and
-    the others, with their predicted rows."""
-    cfg = evaluator.cfg
-    t0 = time.perf_counter()
-    surrogate.refit(list(seen.values()))
-    fit_s = round(time.perf_counter() - t0, 3)
-    rows = {}
-    for arch, (accuracy, rates) in zip(candidates, surrogate.predict(candidates)):
-        try:
-            rows[arch_key(arch)] = evaluator.row(arch, accuracy, rates, 0.0)
-        except MissingEntry:
-            pass  # a latency table lacks it: evaluating it records the failed trial
-    keys = list(rows)
-    pick = choose([rows[k] for k in keys], list(seen.values()), cfg.objectives,
-                  [sum(max(c.violation(rows[k]), 0.0) for c in evaluator.constraints) for k in keys], n_pick)
-    chosen = {keys[i]: rows[keys[i]]["accuracy"] for i in pick}
-    return _Screening(chosen, {k: r for k, r in rows.items() if k not in chosen}, len(seen), fit_s)
-
-
-def _tell(strategy, archs: list[dict], seen: dict, objectives: list[str], constraints: list[Constraint]) -> None:
-    """Report results; an architecture that could not be evaluated gets the worst values."""
-    rows = [seen.get(arch_key(a)) for a in archs]
-    F = np.full((len(archs), len(objectives)), _FAILED_PENALTY)
-    G = np.ones((len(archs), len(constraints)))
-    ok = [i for i, r in enumerate(rows) if r is not None]
-    if ok:
-        F[ok] = minimisation_matrix([rows[i] for i in ok], objectives)
-        G[ok] = [[c.violation(rows[i]) for c in constraints] for i in ok]
-    strategy.tell(archs, F, G)
+    search_loop(space, strategy, trials, evaluator, evaluator.price, objectives=cfg.objectives,
+                constraints=evaluator.constraints, budget=cfg.budget, surrogate=surrogate, screen=cfg.screen,
+                on_trial=finished, on_refit=lambda entry: log_refit(store.path, worker=worker, **entry))

@@ -24,8 +24,6 @@ from .spaces.base import arch_key
 
 # Columns that measure time: they differ between otherwise identical runs.
 TIMING_COLUMNS = ("train_s",)
-# Keys of config.yaml that describe a run rather than set it.
-INFO_KEYS = ("nasctl_version", "created", "resolved")
 
 
 def cell(value) -> str:
@@ -108,6 +106,7 @@ def find_run(name: str) -> Path:
 
 
 def read_run_config(run_dir: Path) -> dict:
+    from .config import INFO_KEYS
     from .specs import read_yaml
 
     data = read_yaml(run_dir / "config.yaml")
@@ -139,13 +138,19 @@ class TrialStore:
     the objectives, whose params are the architecture's knobs, and whose user attribute
     `row` is its trials.csv row."""
 
-    def __init__(self, storage: str, study_name: str, directions: Sequence[str], space, seed: int):
+    def __init__(self, storage: str, study_name: str, directions: Sequence[str], space, seed: int,
+                 objectives: Sequence[str] | None = None):
         import optuna
 
         self.study = optuna.create_study(storage=open_storage(storage), study_name=study_name,
                                          directions=list(directions), load_if_exists=True)
         if [d.name.lower() for d in self.study.directions] != list(directions):
             raise UsageError(f"study '{study_name}' in '{storage}' optimises other objectives")
+        if objectives is not None and self.study.metric_names is None:
+            # Named objectives: optuna-dashboard and plot_pareto_front label their axes with them.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                self.study.set_metric_names(list(objectives))
         self._optuna = optuna
         self._space = space
         self._base_sampler = optuna.samplers.RandomSampler(seed=seed)
@@ -179,11 +184,17 @@ class TrialStore:
     def failed_keys(self) -> set[str]:
         return {t.user_attrs["arch"] for t in self._failed()}
 
+    def failures(self) -> list[str]:
+        """The reason of every failed trial."""
+        return [t.user_attrs["error"] for t in self._failed()]
+
     def n_claimed(self) -> int:
         """Trials finished, failed or in flight: what counts against the budget. A stopped
-        trial does not count: its architecture is evaluated again."""
+        trial does not count: its architecture is evaluated again; nor does one that failed
+        before any training (its cost could not be computed)."""
         ts = self._optuna.trial.TrialState
-        return len(self.study.get_trials(deepcopy=False, states=(ts.COMPLETE, ts.RUNNING))) + len(self._failed())
+        return len(self.study.get_trials(deepcopy=False, states=(ts.COMPLETE, ts.RUNNING))) + \
+            sum(t.user_attrs.get("counts", True) for t in self._failed())
 
     def fail_stale(self) -> int:
         """Mark trials left RUNNING by a stopped search as stopped (before resuming it)."""
@@ -217,9 +228,12 @@ class TrialStore:
         self.study.tell(trial, list(values))
         return trial.number
 
-    def fail(self, trial, reason: str) -> None:
-        """The trial's architecture cannot be evaluated: it counts against the budget."""
+    def fail(self, trial, reason: str, *, counts: bool = True) -> None:
+        """The trial's architecture cannot be evaluated; it is not tried again.  It counts
+        against the budget unless `counts` is false (it failed before any training)."""
         trial.set_user_attr("error", reason)
+        if not counts:
+            trial.set_user_attr("counts", False)
         self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
 
     def stop(self, trial) -> None:

@@ -30,7 +30,8 @@ from .store import append_csv, cell
 
 # Least warm-up (real evaluations before the first fit) and batch (real evaluations per refit).
 MIN_WARMUP, MIN_BATCH = 10, 5
-LOG_COLUMNS = ("worker", "refit", "trials", "proposed", "evaluated", "kendall_tau", "kendall_tau_so_far", "fit_s")
+LOG_COLUMNS = ("worker", "refit", "trials", "proposed", "evaluated", "unpriced", "kendall_tau", "kendall_tau_so_far",
+               "fit_s")
 
 
 def outcome_targets(space: SearchSpace) -> list[str]:
