@@ -49,6 +49,12 @@ class LayerSpec:
     # kernel (onnxruntime fuses such a group only where each quantized tensor it reads
     # or writes has no other reader).  Accelerators price its bit widths all the same.
     dequantized: bool = False
+    # Whether a conv or linear layer adds a bias of its own (one value per output
+    # channel): a bias input, or a batch norm or constant `Add` folded into it.  Counted
+    # in `params` and `weight_bytes`.  Not part of `shape_key`: tables key kernels by
+    # shape (their rows do not record it), and costs cached per shape key are shared by
+    # a layer and its bias-free twin; a bias is out_ch values beside the weights.
+    bias: bool = True
     name: str = field(default="", compare=False)
 
     @property
@@ -66,12 +72,14 @@ class LayerSpec:
 
     @property
     def params(self) -> int:
-        """Weights and biases (batch-norm folded into the conv bias)."""
+        """Weights, and the bias where the layer has one (`bias`; a batch norm folded into
+        a conv gives it one), as the deployed model stores them."""
+        bias = self.out_ch if self.bias else 0
         if self.op in ("conv", "conv_transpose"):
             kh, kw = self.kernel
-            return self.out_ch * (self.in_ch // self.groups) * kh * kw + self.out_ch
+            return self.out_ch * (self.in_ch // self.groups) * kh * kw + bias
         if self.op == "linear":
-            return self.in_ch * self.out_ch + self.out_ch
+            return self.in_ch * self.out_ch + bias
         return 0
 
     @property

@@ -158,9 +158,9 @@ class Nb201Space(SearchSpace):
         ch, h, w = input_shape
         layers: list[LayerSpec] = []
 
-        def emit(op, cin, cout, in_hw, out_hw, kernel=1, stride=1, fn="", name=""):
+        def emit(op, cin, cout, in_hw, out_hw, kernel=1, stride=1, fn="", name="", bias=True):
             kernel = (kernel, kernel) if isinstance(kernel, int) else kernel
-            layers.append(LayerSpec(op, cin, cout, in_hw, out_hw, kernel, stride, fn=fn, name=name))
+            layers.append(LayerSpec(op, cin, cout, in_hw, out_hw, kernel, stride, fn=fn, name=name, bias=bias))
 
         c = self.spec.channels
         emit("conv", ch, c, (h, w), (h, w), 3, name="stem")
@@ -170,7 +170,7 @@ class Nb201Space(SearchSpace):
                 emit("conv", c, out, (h, w), hw, 3, 2, "relu", f"reduce{s}.conv_a")
                 emit("conv", out, out, hw, hw, 3, 1, "relu", f"reduce{s}.conv_b")
                 emit("pool", c, c, (h, w), hw, 2, 2, "avg", f"reduce{s}.shortcut.pool")
-                emit("conv", c, out, hw, hw, 1, name=f"reduce{s}.shortcut.conv")
+                emit("conv", c, out, hw, hw, 1, name=f"reduce{s}.shortcut.conv", bias=False)  # no BN after it
                 emit("add", out, out, hw, hw, name=f"reduce{s}.add")
                 (h, w), c = hw, out
             for n in range(self.spec.cells_per_stage):

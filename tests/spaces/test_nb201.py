@@ -159,6 +159,19 @@ def test_built_network_matches_the_layer_list_and_nb201_params(space):
     assert torch.allclose(dead[0], dead[1])  # a degenerate cell ignores its input
 
 
+def test_layer_params_are_the_built_network_with_batch_norm_folded(space):
+    import torch
+
+    arch = space.parse_arch("|nor_conv_3x3~0|+|nor_conv_3x3~0|avg_pool_3x3~1|"
+                            "+|skip_connect~0|nor_conv_3x3~1|skip_connect~2|")
+    model = space.build(arch, (3, 32, 32), 10)
+    bns = [m.num_features for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    # each batch norm but the last (before the classifier) folds into the conv before it as
+    # its bias; the reduction shortcut's 1x1 conv has neither
+    deployed = sum(p.numel() for p in model.parameters()) - 2 * sum(bns) + sum(bns[:-1])
+    assert sum(lay.params for lay in space.to_layers(arch, (3, 32, 32), 10)) == deployed == 800_410
+
+
 def test_spec_restricts_ops_and_rejects_unknown_ones(tmp_path):
     small = _variant(tmp_path, ops=["skip_connect", "nor_conv_3x3"])
     assert small.size() == 2 ** 6
