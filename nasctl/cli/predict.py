@@ -18,7 +18,8 @@ def predict(
     input_shape: Annotated[Optional[list[str]], typer.Option(
         "--input-shape", show_default=False,
         help="Shape of an input with dynamic dims: 1x3x224x224 (the only input) or NAME:1x3x224x224; "
-             "repeat the option or separate with commas for several inputs. Batch must be 1.")] = None,
+             "repeat the option or separate with commas for several inputs. Only dynamic dims can differ "
+             "from the model's; batch must be 1.")] = None,
     per_layer: Annotated[bool, typer.Option("--per-layer", help="Also print a table of every layer.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ):

@@ -1,16 +1,22 @@
 """Import an ONNX model as the `LayerSpec`s a cost model prices.
 
-The model is parsed once, its input shapes fixed (a dynamic dimension needs a shape from
-the caller), and its tensor shapes found by ONNX shape inference (strict mode; where that
-fails, lenient mode, and the failure is noted).  Then every node goes, in graph order, to
-the handler its op type names in a table (`HANDLERS`, which callers may extend or
-override: `import_onnx(path, handlers={**HANDLERS, "TopK": my_handler})`).  A handler
-returns the node's layers (none for pure shape ops), or None when it cannot price the
-node.  A node without a handler, or one its handler refuses, is counted in
-`ImportResult.unsupported` - never dropped silently.
+The model is parsed once (refused if its IR version or opset is newer than the installed
+onnx knows), its input shapes fixed (a dynamic dimension needs a shape from the caller,
+who may set only dynamic dims, and a static batch to 1), and its tensor shapes found by
+ONNX shape inference (strict mode; where that fails, lenient mode, and the failure is
+noted).  A conv whose weight does not take its input's channels, or a matrix product
+whose inner dimensions differ, is refused naming the node: such a model cannot run.
+Then every node goes, in graph order, to the handler its op type names in a table
+(`HANDLERS`, which callers may extend or override:
+`import_onnx(path, handlers={**HANDLERS, "TopK": my_handler})`).  A handler returns the
+node's layers (none for pure shape ops), or None when it cannot price the node.  A node
+without a handler, or one its handler refuses, is counted in `ImportResult.unsupported`
+- never dropped silently.
 
 What runtimes fuse is fused here too:
-  - batch norm after a conv (or linear) is folded into it, and so is a bias `Add`;
+  - batch norm after a conv (or linear) is folded into it, and so is a bias `Add`; either
+    gives the layer a bias (`LayerSpec.bias`), as does a Conv's bias input or a Gemm's
+    constant C.  A MatMul has no bias of its own: only a constant Add folded into it;
   - an activation right after a conv or linear becomes its `fn` (no layer of its own);
   - multi-node patterns become one node before the handlers see them (`PATTERNS`):
     Erf-based GELU (Div/Erf/Add/Mul/Mul), HardSwish as HardSigmoid*x or x*Clip(x+3)/6,
@@ -211,38 +217,72 @@ def _pair(values: Sequence[int]) -> tuple[int, int]:
 Handler = Callable[[Node, Graph], Optional[list[LayerSpec]]]
 
 
-def _conv(node: Node, g: Graph) -> Optional[list[LayerSpec]]:
-    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
-    ws = g.shape(w)
+def _conv(node: Node, g: Graph, x: int = 0, w: int = 1, b: Optional[int] = 2, *,
+          transpose: bool = False) -> Optional[list[LayerSpec]]:
+    """A convolution reading data `inputs[x]`, weight `inputs[w]` and, where the op has
+    one, bias `inputs[b]` (None: the op has no bias input)."""
+    x, w, y = node.inputs[x], node.inputs[w], node.outputs[0]
+    bias = b is not None and len(node.inputs) > b and bool(node.inputs[b])
+    ws, xs, group = g.shape(w), g.shape(x), node.attrs.get("group", 1)
+    where = f"node '{node.name}' ({node.op_type})"
     if len(ws) not in (3, 4):
         return None  # 3-D convolutions: no layer kind for them
-    return [g.layer("conv", node, x, y, spatial=True, kernel=_pair(ws[2:]), groups=node.attrs.get("group", 1),
-                    stride=node.attrs.get("strides", [1])[0], w_bits=g.bits(w), a_bits=g.bits(x))]
+    if len(xs) != len(ws):
+        raise UsageError(f"{where}: input '{x}' {list(xs)} has rank {len(xs)}, but weight '{w}' {list(ws)} "
+                         f"takes rank {len(ws)}; the model is inconsistent")
+    if group < 1 or ws[0] % group:
+        raise UsageError(f"{where}: weight '{w}' {list(ws)} does not split into group {group}; "
+                         f"the model is inconsistent")
+    # Conv weights are [out, in / group, k...]; ConvTranspose weights [in, out / group, k...].
+    takes = ws[0] if transpose else ws[1] * group
+    if xs[1] != takes:
+        raise UsageError(f"{where}: input '{x}' {list(xs)} has {xs[1]} channels, but weight '{w}' {list(ws)} "
+                         f"with group {group} takes {takes}; the model is inconsistent")
+    layer = g.layer("conv_transpose" if transpose else "conv", node, x, y, spatial=True, kernel=_pair(ws[2:]),
+                    groups=group, stride=node.attrs.get("strides", [1])[0], w_bits=g.bits(w), a_bits=g.bits(x),
+                    bias=bias)
+    return [layer]
+
+
+def _conv_integer(node: Node, g: Graph) -> Optional[list[LayerSpec]]:
+    # x, w, x_zero_point, w_zero_point: no bias
+    return _conv(node, g, b=None)
 
 
 def _conv_transpose(node: Node, g: Graph) -> Optional[list[LayerSpec]]:
-    layers = _conv(node, g)
-    return layers and [replace(layers[0], op="conv_transpose")]
+    return _conv(node, g, transpose=True)
 
 
 def _qlinear_conv(node: Node, g: Graph) -> Optional[list[LayerSpec]]:
     # x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point[, B]
-    x, w = node.inputs[0], node.inputs[3]
-    return _conv(Node("Conv", node.name, [x, w], node.outputs, node.attrs), g)
+    return _conv(node, g, 0, 3, 8)
 
 
-def _product(node: Node, g: Graph, a: str, b: str, *, trans_a: bool = False) -> list[LayerSpec]:
+def _product(node: Node, g: Graph, a: str, b: str, *, trans_a: bool = False, trans_b: bool = False,
+             bias: bool = False) -> list[LayerSpec]:
     """A matrix product [..., M, K] @ [..., K, N]: `linear` when one side is a weight,
-    `matmul` when both are activations."""
-    sa, out = g.shape(a), g.shape(node.outputs[0])
-    k = sa[-2] if trans_a else sa[-1]
+    `matmul` when both are activations.  `bias`: the op adds a constant bias (Gemm's C);
+    a MatMul has none until a following constant `Add` is folded into it."""
+    sa, sb = g.shape(a), g.shape(b)
+    for name, shape in ((a, sa), (b, sb)):
+        if not shape:
+            raise UsageError(f"node '{node.name}' ({node.op_type}): '{name}' is a scalar; a matrix product takes "
+                             f"tensors of rank 1 and up; the model is inconsistent")
+    ka = (sa[-2] if trans_a else sa[-1]) if len(sa) > 1 else sa[0]
+    kb = (sb[-1] if trans_b else sb[-2]) if len(sb) > 1 else sb[0]
+    if ka != kb:
+        raise UsageError(f"node '{node.name}' ({node.op_type}): inner dimensions differ: '{a}' {list(sa)}"
+                         f"{' transposed' if trans_a else ''} gives {ka}, '{b}' {list(sb)}"
+                         f"{' transposed' if trans_b else ''} takes {kb}; the model is inconsistent")
+    out, k = g.shape(node.outputs[0]), ka
     if g.is_const(a) and not g.is_const(b):  # W[M, K] @ X[..., K, N]: N positions, M outputs each
         rows = (out[-1], prod(out[:-2]))
-        return [LayerSpec("linear", k, out[-2], rows, rows, w_bits=g.bits(a), a_bits=g.bits(b), name=node.name)]
+        return [LayerSpec("linear", k, out[-2], rows, rows, w_bits=g.bits(a), a_bits=g.bits(b), bias=bias,
+                          name=node.name)]
     rows = _rows(out)
     op = "linear" if g.is_const(b) else "matmul"
     return [LayerSpec(op, k, out[-1] if out else 1, rows, rows, w_bits=g.bits(b), a_bits=g.bits(a),
-                      name=node.name)]
+                      bias=bias and op == "linear", name=node.name)]
 
 
 def _matmul(node: Node, g: Graph) -> list[LayerSpec]:
@@ -250,7 +290,10 @@ def _matmul(node: Node, g: Graph) -> list[LayerSpec]:
 
 
 def _gemm(node: Node, g: Graph) -> list[LayerSpec]:
-    return _product(node, g, node.inputs[0], node.inputs[1], trans_a=bool(node.attrs.get("transA", 0)))
+    # Y = A' B' + C: C is a bias when it is a constant (else an activation added)
+    c = node.inputs[2] if len(node.inputs) > 2 else ""
+    return _product(node, g, node.inputs[0], node.inputs[1], trans_a=bool(node.attrs.get("transA", 0)),
+                    trans_b=bool(node.attrs.get("transB", 0)), bias=bool(c) and g.is_const(c))
 
 
 def _qlinear_matmul(node: Node, g: Graph) -> list[LayerSpec]:
@@ -259,7 +302,7 @@ def _qlinear_matmul(node: Node, g: Graph) -> list[LayerSpec]:
 
 
 def _batch_norm(node: Node, g: Graph) -> list[LayerSpec]:
-    if g.fuse(node):
+    if g.fuse(node, bias=True):  # folded: its shift becomes the layer's bias
         return []
     return [g.layer("norm", node, node.inputs[0], node.outputs[0], fn="batch")]
 
@@ -283,7 +326,7 @@ def _binary(op: str, fn: str = "", bias: bool = False) -> Handler:
     is folded into it."""
     def handle(node: Node, g: Graph) -> list[LayerSpec]:
         x = g.activation(node)
-        if bias and any(g.is_const(n) for n in node.inputs) and g.fuse(node, x):
+        if bias and any(g.is_const(n) for n in node.inputs) and g.fuse(node, x, bias=True):
             return []
         return [g.layer(op, node, x, node.outputs[0], x_shape=node.outputs[0], fn=fn)]
     return handle
@@ -302,6 +345,9 @@ def _pool(fn: str, global_: bool = False) -> Handler:
         x = node.inputs[0]
         if len(g.shape(x)) not in (3, 4):
             return None  # 3-D pooling
+        if not global_ and "kernel_shape" not in node.attrs:
+            raise UsageError(f"node '{node.name}' ({node.op_type}): no kernel_shape attribute, which "
+                             f"{node.op_type} requires; the model is malformed")
         kernel = _spatial(g.shape(x))[1] if global_ else _pair(node.attrs["kernel_shape"])
         return [g.layer("pool", node, x, node.outputs[0], spatial=True, kernel=kernel, fn=fn,
                         stride=1 if global_ else node.attrs.get("strides", [1])[0])]
@@ -334,7 +380,7 @@ def _nothing(node: Node, g: Graph) -> list[LayerSpec]:
 
 
 HANDLERS: dict[str, Handler] = {
-    "Conv": _conv, "ConvTranspose": _conv_transpose, "QLinearConv": _qlinear_conv, "ConvInteger": _conv,
+    "Conv": _conv, "ConvTranspose": _conv_transpose, "QLinearConv": _qlinear_conv, "ConvInteger": _conv_integer,
     "Gemm": _gemm, "MatMul": _matmul, "QLinearMatMul": _qlinear_matmul, "MatMulInteger": _matmul,
     "BatchNormalization": _batch_norm, "LayerNormalization": _norm("layer"),
     "InstanceNormalization": _norm("instance"), "GroupNormalization": _norm("group"),
@@ -524,16 +570,47 @@ def load_model(path: Path) -> onnx.ModelProto:
         problem = "no graph outputs"
     elif not model.opset_import:
         problem = "no opset version"
+    elif model.ir_version > onnx.IR_VERSION:
+        raise UsageError(f"{path}: ONNX IR version {model.ir_version} is newer than the installed onnx "
+                         f"{onnx.__version__} reads (up to {onnx.IR_VERSION}); upgrade onnx or re-export the model")
     else:
+        _check_opsets(model, path)
         for node in g.node:
             missing = next((i for i in node.input if i not in defined), None)
             if missing is not None:
                 problem = f"node '{node.name or node.op_type}' reads undefined tensor '{missing}'"
                 break
+            again = next((o for o in node.output if o and o in defined), None)
+            if again is not None:
+                raise UsageError(f"{path}: not a valid ONNX model (node '{node.name or node.op_type}' writes "
+                                 f"tensor '{again}', which is already defined)")
             defined.update(node.output)
     if problem:
         raise UsageError(f"{path}: not a complete ONNX model ({problem}; truncated?)")
     return model
+
+
+# Operator-set domains whose newest version the installed onnx knows.
+_OPSETS = {"": ("default ai.onnx", onnx.defs.onnx_opset_version),
+           "ai.onnx": ("ai.onnx", onnx.defs.onnx_opset_version),
+           "ai.onnx.ml": ("ai.onnx.ml", onnx.defs.onnx_ml_opset_version)}
+
+
+def _check_opsets(model: onnx.ModelProto, path: Path) -> None:
+    """Refuse an opset the installed onnx does not know: its shape inference would
+    guess at ops it has no definition for."""
+    for opset in model.opset_import:
+        if opset.domain not in _OPSETS:
+            continue  # other domains (com.microsoft, ...): their nodes are reported as not imported
+        label, newest = _OPSETS[opset.domain]
+        newest = newest()
+        if opset.version > newest:
+            raise UsageError(f"{path}: opset {opset.version} ({label} domain) is newer than the installed onnx "
+                             f"{onnx.__version__} supports (up to {newest}); re-export the model with opset "
+                             f"<= {newest} or upgrade onnx")
+        if opset.version < 1:
+            raise UsageError(f"{path}: opset {opset.version} ({label} domain) is not an opset version "
+                             f"(1 to {newest}); the model is malformed")
 
 
 def _fix_inputs(model: onnx.ModelProto, shapes: Mapping[Optional[str], Shape], path: Path) -> dict[str, Shape]:
@@ -552,6 +629,11 @@ def _fix_inputs(model: onnx.ModelProto, shapes: Mapping[Optional[str], Shape], p
             raise UsageError(f"--input-shape: the model has no input '{name}'; its inputs: {', '.join(names)}")
     fixed = {}
     for inp in inputs:
+        if not inp.type.HasField("tensor_type"):
+            kind = inp.type.WhichOneof("value")
+            what = f"is a {kind.replace('_type', '')}, not a tensor" if kind else "has no type"
+            raise UsageError(f"{path.name}: input '{inp.name}' {what}; nasctl prices models whose inputs are "
+                             f"tensors")
         dims = inp.type.tensor_type.shape.dim
         current = [str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
         example = "x".join(d if d.isdigit() else "N" for d in current)
@@ -560,10 +642,20 @@ def _fix_inputs(model: onnx.ModelProto, shapes: Mapping[Optional[str], Shape], p
             if dims and len(shape) != len(dims):
                 raise UsageError(f"--input-shape {inp.name}: {len(shape)} dims given; the input has {len(dims)} "
                                  f"[{', '.join(current)}]")
+            # Only dynamic dims may be set; and a static batch may be set to 1 (one input is priced).
+            clash = [f"dim {i} is {d}, {v} given" for i, (d, v) in enumerate(zip(current, shape))
+                     if d.isdigit() and int(d) != v and not (i == 0 and v == 1 and len(shape) >= 2)]
+            if clash:
+                raise UsageError(f"--input-shape {inp.name}:{'x'.join(map(str, shape))}: the input is declared "
+                                 f"[{', '.join(current)}] ({'; '.join(clash)}); only its dynamic dims can be set: "
+                                 f"give {inp.name}:{_merged(current, shape)}")
             del dims[:]
             for v in shape:
                 inp.type.tensor_type.shape.dim.add().dim_value = v
-        elif not inp.type.tensor_type.HasField("shape") or not all(d.isdigit() for d in current):
+        elif not inp.type.tensor_type.HasField("shape"):
+            raise UsageError(f"{path.name}: input '{inp.name}' has no declared shape; give it with --input-shape "
+                             f"{inp.name}:DIMS, e.g. {inp.name}:1x3x224x224")
+        elif not all(d.isdigit() for d in current):
             raise UsageError(f"{path.name}: input '{inp.name}' has dynamic dims [{', '.join(current)}]; give them "
                              f"with --input-shape {inp.name}:{example}")
         else:
@@ -574,6 +666,12 @@ def _fix_inputs(model: onnx.ModelProto, shapes: Mapping[Optional[str], Shape], p
                              f"a time: give --input-shape {inp.name}:{ones}")
         fixed[inp.name] = shape
     return fixed
+
+
+def _merged(declared: Sequence[str], given: Sequence[int]) -> str:
+    """`given` with the declared static dims put back (batch 1 kept): what the user likely meant."""
+    return "x".join(d if d.isdigit() and not (i == 0 and v == 1) else str(v)
+                    for i, (d, v) in enumerate(zip(declared, given)))
 
 
 def _infer(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
@@ -765,6 +863,8 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
         except UnknownShape:
             unsupported[f"{node.op_type} (shape unknown)"] += 1
             continue
+        except UsageError as e:  # the model contradicts itself at this node
+            raise UsageError(f"{path.name}: {e}") from None
         if layers is None:
             unsupported[node.op_type] += 1
             continue

@@ -20,12 +20,14 @@ CONV_MACS, FC_MACS = 16 * 16 * 8 * 3 * 9, 8 * 10
 PARAMS = (8 * 3 * 9 + 8) + (8 * 10 + 10)
 
 
-def tiny_net(path, dims=(1, 3, 16, 16), extra=()):
-    """conv 3->8 (3x3, ReLU) -> 2x2 max pool -> global average pool -> fc 8->10 -> softmax."""
+def tiny_net(path, dims=(1, 3, 16, 16), extra=(), conv_in=3, bias=True, opset=17):
+    """conv 3->8 (3x3, ReLU) -> 2x2 max pool -> global average pool -> fc 8->10 -> softmax;
+    `conv_in`: the in-channels of the conv's weight; `bias`: whether the conv has one."""
     rng = np.random.default_rng(0)
     w = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
-         for n, s in [("w", (8, 3, 3, 3)), ("b", (8,)), ("fw", (10, 8)), ("fb", (10,))]]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         for n, s in [("w", (8, conv_in, 3, 3)), ("b", (8,)), ("fw", (10, 8)), ("fb", (10,))]]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"] if bias else ["x", "w"], ["c"], name="conv",
+                              pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"], name="relu"),
              helper.make_node("MaxPool", ["r"], ["m"], name="maxpool", kernel_shape=[2, 2], strides=[2, 2]),
              helper.make_node("GlobalAveragePool", ["m"], ["g"], name="gap"),
@@ -35,7 +37,7 @@ def tiny_net(path, dims=(1, 3, 16, 16), extra=()):
     outputs = ["y", *(n.output[0] for n in extra)]
     graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", T.FLOAT, list(dims))],
                               [helper.make_empty_tensor_value_info(o) for o in outputs], w)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
     return str(path)
 
 
@@ -150,6 +152,11 @@ def test_dynamic_input_with_a_shape(tmp_path, per_mac, shape_args):
     ("dynamic", "dyn.onnx: input 'x' has dynamic dims [batch, 3, h, w]; give them with --input-shape x:Nx3xNxN"),
     ("shape", "--input-shape '1x3xbig': expected positive dims joined by x"),
     ("no-device", "Missing option '--device'"),
+    ("static-dim", "--input-shape x:1x5x16x16: the input is declared [batch, 3, h, w] (dim 1 is 3, 5 given); "
+                   "only its dynamic dims can be set: give x:1x3x16x16"),
+    ("conv-weight", "tiny5.onnx: node 'conv' (Conv): input 'x' [1, 3, 16, 16] has 3 channels, but weight 'w' "
+                    "[8, 5, 3, 3] with group 1 takes 5; the model is inconsistent"),
+    ("opset", "{tmp}/new.onnx: opset 99 (default ai.onnx domain) is newer than the installed onnx"),
 ])
 def test_errors_are_one_line(tmp_path, case, message):
     good = tiny_net(tmp_path / "tiny.onnx")
@@ -162,12 +169,23 @@ def test_errors_are_one_line(tmp_path, case, message):
             "device": [good, "--device", "nope"],
             "dynamic": [tiny_net(tmp_path / "dyn.onnx", dims=("batch", 3, "h", "w")), "--device", "edge-quad"],
             "shape": [good, "--device", "edge-quad", "--input-shape", "1x3xbig"],
-            "no-device": [good]}[case]
+            "no-device": [good],
+            "static-dim": [tiny_net(tmp_path / "dyn.onnx", dims=("batch", 3, "h", "w")), "--device", "edge-quad",
+                           "--input-shape", "1x5x16x16"],
+            "conv-weight": [tiny_net(tmp_path / "tiny5.onnx", conv_in=5), "--device", "edge-quad"],
+            "opset": [tiny_net(tmp_path / "new.onnx", opset=99), "--device", "edge-quad"]}[case]
     result = invoke(*args)
     assert result.exit_code == 2, result.output
     assert result.stdout == ""
     line, = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and message.format(tmp=tmp_path) in line
+
+
+def test_params_count_a_bias_only_where_the_model_has_one(tmp_path, per_mac):
+    per_mac()
+    doc = json.loads(invoke(tiny_net(tmp_path / "nobias.onnx", bias=False), "--device", "per-mac", "--json").stdout)
+    assert [r["params"] for r in doc["layers"] if r["op"] in ("conv", "linear")] == [216, 90]
+    assert (doc["params"], doc["weight_bytes"]) == (PARAMS - 8, (PARAMS - 8) * 4)
 
 
 def test_predict_does_not_import_torch(tmp_path):

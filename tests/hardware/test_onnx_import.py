@@ -104,6 +104,66 @@ def test_matmul_between_activations(tmp_path):
     assert (layer.macs, layer.params) == (2 * 5 * 5 * 8, 0)
 
 
+@pytest.mark.parametrize("nodes, inits, params", [
+    # the 216 weights of a conv 3->8 (3x3) without bias, not 224
+    ([node("Conv", ["x", "w"], ["y"])], [weight("w", 8, 3, 3, 3)], 216),
+    ([node("Conv", ["x", "w", "b"], ["y"])], [weight("w", 8, 3, 3, 3), weight("b", 8)], 224),
+    # a conv's batch norm and a constant Add fold into it as its bias
+    ([node("Conv", ["x", "w"], ["c"]), node("Add", ["c", "b"], ["y"])], [weight("w", 8, 3, 3, 3), weight("b", 8, 1, 1)],
+     224),
+    ([node("ConvTranspose", ["x", "w"], ["y"])], [weight("w", 3, 8, 2, 2)], 96),
+    ([node("ConvTranspose", ["x", "w", "b"], ["y"])], [weight("w", 3, 8, 2, 2), weight("b", 8)], 104),
+    # Gemm: C is a bias when it is a constant
+    ([node("Flatten", ["x"], ["f"]), node("Gemm", ["f", "w"], ["y"], transB=1)], [weight("w", 10, 192)], 1920),
+    ([node("Flatten", ["x"], ["f"]), node("Gemm", ["f", "w", "b"], ["y"], transB=1)],
+     [weight("w", 10, 192), weight("b", 10)], 1930),
+    # MatMul has none, unless a constant Add after it is folded in
+    ([node("Flatten", ["x"], ["f"]), node("MatMul", ["f", "w"], ["y"])], [weight("w", 192, 10)], 1920),
+    ([node("Flatten", ["x"], ["f"]), node("MatMul", ["f", "w"], ["m"]), node("Add", ["m", "b"], ["y"])],
+     [weight("w", 192, 10), weight("b", 10)], 1930),
+])
+def test_params_count_a_bias_only_where_the_graph_has_one(tmp_path, nodes, inits, params):
+    layer = only(layers_of(tmp_path, nodes, {"x": [1, 3, 8, 8]}, ["y"], inits))
+    assert layer.params == params
+    assert layer.weight_bytes == params * 4
+
+
+def test_gemm_adding_an_activation_counts_no_bias(tmp_path):
+    layers = layers_of(tmp_path, [node("Gemm", ["x", "w", "r"], ["y"], transB=1)], {"x": [1, 16], "r": [1, 4]}, ["y"],
+                       [weight("w", 4, 16)])
+    assert only(layers).params == 64
+
+
+def test_integer_conv_reads_no_zero_point_as_a_bias(tmp_path):
+    q = [numpy_helper.from_array(np.array(0, np.uint8), "zu"), numpy_helper.from_array(np.array(0, np.int8), "zi")]
+    layer = only(layers_of(tmp_path, [node("ConvInteger", ["x", "w", "zu", "zi"], ["y"])],
+                           {"x": ([1, 4, 6, 6], T.UINT8)}, ["y"], [weight("w", 2, 4, 1, 1, dtype=np.int8), *q]))
+    assert layer.params == 8
+
+
+def test_params_of_a_torch_export_match_the_torch_model(tmp_path):
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.ReLU(),              # no bias
+                          nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.ReLU(),                 # bias
+                          nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),     # BN folded: bias
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 12, bias=False), nn.ReLU(),
+                          nn.Linear(12, 10)).eval()
+    path = tmp_path / "m.onnx"
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.zeros(1, 3, 8, 8),), str(path), dynamo=False, opset_version=17)
+    layers = [l for l in import_onnx(path).layers if l.op in ("conv", "linear")]
+    torch_params = sum(p.numel() for p in model.parameters())
+    bn = model[5]
+    # the deployed model: batch norm folded into the conv before it (one bias per channel)
+    assert sum(l.params for l in layers) == torch_params - 2 * bn.num_features + bn.num_features
+    assert [l.bias for l in layers] == [False, True, True, False, True]
+
+
 # --- fusion --------------------------------------------------------------------------
 
 def _bn(name, x, y, ch):
@@ -363,6 +423,85 @@ def test_bad_input_shapes(tmp_path, shapes, message):
         import_onnx(_dynamic(tmp_path), shapes)
 
 
+@pytest.mark.parametrize("declared, given, message", [
+    (["N", 3, "H", "W"], (1, 5, 32, 32), "--input-shape image:1x5x32x32: the input is declared [N, 3, H, W] "
+                                         "(dim 1 is 3, 5 given); only its dynamic dims can be set: "
+                                         "give image:1x3x32x32"),
+    ([1, 3, 8, 8], (1, 3, 16, 16), "declared [1, 3, 8, 8] (dim 2 is 8, 16 given; dim 3 is 8, 16 given)"),
+])
+def test_input_shape_cannot_change_a_static_dim(tmp_path, declared, given, message):
+    path = save(tmp_path / "m.onnx", [node("Conv", ["image", "w"], ["y"])], {"image": declared}, ["y"],
+                [weight("w", 8, 3, 1, 1)])
+    with pytest.raises(UsageError) as info:
+        import_onnx(path, {None: given})
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_input_shape_may_repeat_static_dims_and_set_a_static_batch_to_one(tmp_path):
+    path = save(tmp_path / "m.onnx", [node("Conv", ["image", "w"], ["y"])], {"image": [4, 3, "H", 8]}, ["y"],
+                [weight("w", 8, 3, 1, 1)])
+    result = import_onnx(path, {"image": (1, 3, 6, 8)})
+    assert result.inputs == {"image": (1, 3, 6, 8)} and only(result.layers).macs == 48 * 8 * 3
+
+
+@pytest.mark.parametrize("nodes, inputs, inits, message", [
+    ([node("Conv", ["x", "w"], ["y"])], {"x": [1, 3, 8, 8]}, [weight("w", 8, 5, 3, 3)],
+     "node 'y' (Conv): input 'x' [1, 3, 8, 8] has 3 channels, but weight 'w' [8, 5, 3, 3] with group 1 takes 5"),
+    ([node("Conv", ["x", "w"], ["y"], group=2)], {"x": [1, 8, 8, 8]}, [weight("w", 8, 8, 3, 3)],
+     "node 'y' (Conv): input 'x' [1, 8, 8, 8] has 8 channels, but weight 'w' [8, 8, 3, 3] with group 2 takes 16"),
+    ([node("Conv", ["x", "w"], ["y"], group=3)], {"x": [1, 6, 8, 8]}, [weight("w", 8, 2, 3, 3)],
+     "node 'y' (Conv): weight 'w' [8, 2, 3, 3] does not split into group 3"),
+    ([node("ConvTranspose", ["x", "w"], ["y"])], {"x": [1, 3, 8, 8]}, [weight("w", 4, 8, 2, 2)],
+     "node 'y' (ConvTranspose): input 'x' [1, 3, 8, 8] has 3 channels, but weight 'w' [4, 8, 2, 2]"),
+    ([node("MatMul", ["x", "w"], ["y"])], {"x": [1, 4, 16]}, [weight("w", 12, 8)],
+     "node 'y' (MatMul): inner dimensions differ: 'x' [1, 4, 16] gives 16, 'w' [12, 8] takes 12"),
+    ([node("MatMul", ["q", "k"], ["y"])], {"q": [1, 2, 5, 8], "k": [1, 2, 5, 5]}, [],
+     "node 'y' (MatMul): inner dimensions differ: 'q' [1, 2, 5, 8] gives 8, 'k' [1, 2, 5, 5] takes 5"),
+    ([node("Gemm", ["x", "w"], ["y"], transB=1)], {"x": [1, 16]}, [weight("w", 8, 12)],
+     "node 'y' (Gemm): inner dimensions differ: 'x' [1, 16] gives 16, 'w' [8, 12] transposed takes 12"),
+])
+def test_weights_that_do_not_fit_their_input_are_refused_naming_the_node(tmp_path, nodes, inputs, inits, message):
+    path = save(tmp_path / "m.onnx", nodes, inputs, ["y"], inits)
+    with pytest.raises(UsageError) as info:
+        import_onnx(path)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_shape_given_for_a_dynamic_input_must_fit_the_weights(tmp_path):
+    with pytest.raises(UsageError, match=r"node 'y' \(Conv\): input 'image' \[1, 5, 8, 8\] has 5 channels"):
+        import_onnx(save(tmp_path / "m.onnx", [node("Conv", ["image", "w"], ["y"])], {"image": ["N", "C", "H", "W"]},
+                         ["y"], [weight("w", 8, 3, 1, 1)]), {None: (1, 5, 8, 8)})
+
+
+def test_an_opset_or_ir_version_newer_than_onnx_knows_is_refused(tmp_path):
+    newest, ml = onnx.defs.onnx_opset_version(), onnx.defs.onnx_ml_opset_version()
+    cases = {"opset.onnx": ([helper.make_opsetid("", 99)], None,
+                            f"opset 99 (default ai.onnx domain) is newer than the installed onnx {onnx.__version__} "
+                            f"supports (up to {newest})"),
+             "ml.onnx": ([helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", ml + 1)], None,
+                         f"opset {ml + 1} (ai.onnx.ml domain) is newer than the installed onnx"),
+             "zero.onnx": ([helper.make_opsetid("", 0)], None, "opset 0 (default ai.onnx domain) is not an opset"),
+             "ir.onnx": ([helper.make_opsetid("", 17)], 99,
+                         f"ONNX IR version 99 is newer than the installed onnx {onnx.__version__} reads "
+                         f"(up to {onnx.IR_VERSION})")}
+    graph = helper.make_graph([node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+                              [helper.make_empty_tensor_value_info("y")])
+    for name, (opsets, ir, message) in cases.items():
+        model = helper.make_model(graph, opset_imports=opsets)
+        if ir is not None:
+            model.ir_version = ir
+        onnx.save(model, tmp_path / name)
+        with pytest.raises(UsageError) as info:
+            import_onnx(tmp_path / name)
+        text = str(info.value)
+        assert text.startswith(f"{tmp_path / name}: ") and message in text and "\n" not in text
+    # a domain onnx does not define (a runtime's contrib ops) is left to the handlers
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", newest),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(model, tmp_path / "ok.onnx")
+    assert [l.op for l in import_onnx(tmp_path / "ok.onnx").layers] == ["act"]
+
+
 def test_bad_files_fail_in_one_line_naming_the_file(tmp_path):
     good = save(tmp_path / "good.onnx", [node("Conv", ["x", "w"], ["y"])], {"x": [1, 3, 8, 8]}, ["y"],
                 [weight("w", 8, 3, 3, 3)])
@@ -379,6 +518,38 @@ def test_bad_files_fail_in_one_line_naming_the_file(tmp_path):
             import_onnx(tmp_path / name)
         text = str(info.value)
         assert str(tmp_path / name) in text and message in text and "\n" not in text
+
+
+def test_malformed_models_fail_in_one_line_naming_what_is_wrong(tmp_path):
+    x = helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])
+
+    def model(nodes, inputs=(x,), inits=()):
+        graph = helper.make_graph(nodes, "g", list(inputs), [helper.make_empty_tensor_value_info("y")], list(inits))
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    cases = {
+        "rank.onnx": (model([node("Conv", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", T.FLOAT, [1, 3])],
+                            [weight("w", 8, 3, 3, 3)]),
+                      "node 'y' (Conv): input 'x' [1, 3] has rank 2, but weight 'w' [8, 3, 3, 3] takes rank 4"),
+        "pool.onnx": (model([node("MaxPool", ["x"], ["y"])]),
+                      "node 'y' (MaxPool): no kernel_shape attribute, which MaxPool requires"),
+        "scalar.onnx": (model([node("MatMul", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", T.FLOAT, [])],
+                              [weight("w", 4)]), "node 'y' (MatMul): 'x' is a scalar"),
+        "twice.onnx": (model([node("Relu", ["x"], ["y"]), node("Sigmoid", ["x"], ["y"])]),
+                       "not a valid ONNX model (node 'y' writes tensor 'y', which is already defined)"),
+        "seq.onnx": (model([node("Identity", ["x"], ["y"])], [helper.make_tensor_sequence_value_info("x", T.FLOAT, [1])]),
+                     "input 'x' is a sequence, not a tensor"),
+        "untyped.onnx": (model([node("Relu", ["x"], ["y"])], [helper.make_empty_tensor_value_info("x")]),
+                         "input 'x' has no type"),
+        "rankless.onnx": (model([node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", T.FLOAT, None)]),
+                          "input 'x' has no declared shape; give it with --input-shape x:DIMS"),
+    }
+    for name, (m, message) in cases.items():
+        onnx.save(m, tmp_path / name)
+        with pytest.raises(UsageError) as info:
+            import_onnx(tmp_path / name)
+        text = str(info.value)
+        assert name in text and message in text and "\n" not in text, (name, text)
 
 
 def test_inconsistent_shapes_are_noted_and_what_cannot_be_shaped_is_counted(tmp_path):
