@@ -12,6 +12,17 @@ from .errors import ConfigError
 from .objectives import check_objectives
 from .specs import problem, validation_message
 
+# Keys of config.yaml that describe a run rather than set it.
+INFO_KEYS = ("nasctl_version", "created", "resolved")
+# A setting `table:PATH:COLUMN` names a benchmark table as the source of accuracy or
+# latency (read by nasctl.tables).
+TABLE_PREFIX = "table:"
+
+
+def is_table(spec: str) -> bool:
+    return spec.startswith(TABLE_PREFIX)
+
+
 # How an early exit measures its confidence (see nasctl.evaluation.train.confidence).
 EXIT_POLICIES = ("max-softmax", "entropy")
 SEED_LIMIT = 2**32  # seeds are 0 ... 2**32 - 1, what every seeded library takes
@@ -113,7 +124,6 @@ class SearchConfig(BaseModel):
 def read_config_file(path: Path) -> dict:
     """Settings from a YAML or TOML file (keys as in config.yaml; run-description keys ignored)."""
     from .specs import read_text, read_yaml
-    from .store import INFO_KEYS
 
     if not path.is_file():
         raise ConfigError(f"config file '{path}' does not exist")
@@ -171,6 +181,5 @@ def make_config(file_values: dict | None = None, source: str = "setting", **flag
 
 def _models_energy(device: str) -> bool:
     from .hardware.loader import load_device
-    from .tables import is_table
 
     return not is_table(device) and load_device(device).models_energy

@@ -2,20 +2,18 @@
 
 Rows are matched to architectures by the table's `arch` column (JSON, or any string
 the space's `parse_arch` reads, e.g. NB201's `|op~0|+...|`) or `arch_str` column.
+The `table:` syntax itself (`PREFIX`, `is_table`) belongs to the settings, in
+`nasctl.config`, a layer below this one.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from .config import TABLE_PREFIX as PREFIX
+from .config import is_table  # noqa: F401 - for the modules that read tables
 from .errors import UsageError
 from .spaces.base import SearchSpace, arch_key
-
-PREFIX = "table:"
-
-
-def is_table(spec: str) -> bool:
-    return spec.startswith(PREFIX)
 
 
 class MissingEntry(Exception):
