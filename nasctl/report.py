@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import UsageError
-from .runs import DISPLAY, Run
+from .objectives import metric
+from .runs import Run
 
 REPORT_FILE = "report.html"
 _COLOURS = ("tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
@@ -112,22 +113,23 @@ def _figure(width: float, height: float):
 
 def plot_front(run: Run, baselines: Sequence[Run], chosen: dict, path: Path) -> None:
     ax = (fig := _figure(7.5, 5.5)).add_subplot()
-    sy = DISPLAY["edp"][2]
+    sy = metric("edp").scale
     rows = [t for t in run.feasible if t.get("edp") is not None]
-    ax.scatter([t["accuracy"] for t in rows], [t["edp"] * sy for t in rows], c="0.7", s=16, label="trials")
+    sx = metric("accuracy").scale
+    ax.scatter([t["accuracy"] * sx for t in rows], [t["edp"] * sy for t in rows], c="0.7", s=16, label="trials")
     for r, colour, name in [(run, "tab:blue", run.id)] + [
             (b, _COLOURS[i % len(_COLOURS)], f"baseline {b.id}") for i, b in enumerate(baselines)]:
         front = accuracy_edp_front(r.feasible)
         if front:
-            ax.plot([t["accuracy"] for t in front], [t["edp"] * sy for t in front], "o-", c=colour, ms=5,
+            ax.plot([t["accuracy"] * sx for t in front], [t["edp"] * sy for t in front], "o-", c=colour, ms=5,
                     drawstyle="steps-post", label=f"front: {name}")
-    ax.scatter([chosen["accuracy"]], [chosen["edp"] * sy], marker="*", s=160, c="gold", edgecolors="k",
+    ax.scatter([chosen["accuracy"] * sx], [chosen["edp"] * sy], marker="*", s=160, c="gold", edgecolors="k",
                zorder=5, label=f"trial {chosen['trial']} (layers below)")
     edps = [t["edp"] for r in (run, *baselines) for t in r.feasible if t.get("edp") is not None]
     if edps and min(edps) > 0 and max(edps) >= 20 * min(edps):
         ax.set_yscale("log")
-    ax.set_xlabel("accuracy (%), higher is better")
-    ax.set_ylabel(f"expected EDP ({DISPLAY['edp'][1]}), lower is better")
+    ax.set_xlabel(metric("accuracy").axis_label)
+    ax.set_ylabel(f"expected {metric('edp').axis_label}")
     ax.set_title("Pareto front: accuracy against expected energy-delay product", fontsize=10)
     ax.grid(alpha=0.3)
     fig.legend(fontsize=7, loc="outside lower center", ncols=2, frameon=False)
@@ -157,10 +159,11 @@ def plot_layers(layers: Sequence[LayerRow], trial: int, path: Path) -> None:
     axes = fig.subplots(2, 1, sharex=True)
     x = range(len(layers))
     colours = ["tab:orange" if lay.role == "exit" else "tab:blue" for lay in layers]
-    axes[0].bar(x, [lay.latency_ms * 1e3 for lay in layers], color=colours)
-    axes[0].set_ylabel("latency (µs)")
-    axes[1].bar(x, [(lay.energy_mj or 0.0) * 1e3 for lay in layers], color=colours)
-    axes[1].set_ylabel("energy (µJ)")
+    lat, en = metric("latency_ms"), metric("energy_mj")
+    axes[0].bar(x, [lay.latency_ms * lat.scale for lay in layers], color=colours)
+    axes[0].set_ylabel(f"{lat.label} ({lat.unit})")
+    axes[1].bar(x, [(lay.energy_mj or 0.0) * en.scale for lay in layers], color=colours)
+    axes[1].set_ylabel(f"{en.label} ({en.unit})")
     axes[1].set_xticks(list(x), [lay.name for lay in layers], rotation=90, fontsize=6)
     axes[0].set_title(f"Per-layer cost of trial {trial} (blue: backbone, orange: exit heads)", fontsize=10)
     for ax in axes:
@@ -173,12 +176,13 @@ def plot_mapping(layers: Sequence[LayerRow], trial: int, path: Path) -> None:
     kinds = sorted({lay.mapping for lay in layers}, key=lambda m: (len(m), m))
     colour = {m: c for m, c in zip(kinds, ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:red",
                                            "tab:purple", "tab:brown", "tab:pink"))}
+    lat = metric("latency_ms")
     for m in kinds:
         idx = [i for i, lay in enumerate(layers) if lay.mapping == m]
-        ax.bar(idx, [layers[i].latency_ms * 1e3 for i in idx], color=colour.get(m, "k"),
+        ax.bar(idx, [layers[i].latency_ms * lat.scale for i in idx], color=colour.get(m, "k"),
                label="1 core" if m == "1" else m)
     ax.set_xticks(range(len(layers)), [lay.name for lay in layers], rotation=90, fontsize=6)
-    ax.set_ylabel("latency (µs)")
+    ax.set_ylabel(f"{lat.label} ({lat.unit})")
     ax.set_title(f"Core mapping chosen per layer of trial {trial} (least EDP per layer)", fontsize=10)
     ax.legend(fontsize=7, ncols=len(kinds))
     ax.grid(alpha=0.3, axis="y")
@@ -199,20 +203,24 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _num(value, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
+# Metrics of the front tables; area_mm2 too where the run co-searched the accelerator.
+POINT_METRICS = ("accuracy", "latency_ms", "energy_mj", "edp", "exit_overhead", "dynamic_efficiency")
 
 
-def _point_rows(rows: Sequence[dict], exits: Sequence[str]) -> list[list[str]]:
-    return [[t["trial"], _num(t["accuracy"], ".2f"), _num(t["latency_ms"] * 1e3, ".4g"),
-             _num(t["energy_mj"] and t["energy_mj"] * 1e3, ".4g"), _num(t["edp"] and t["edp"] * 1e6, ".4g"),
-             _num(t.get("exit_overhead") and 100 * t["exit_overhead"], ".2f"),
-             _num(t.get("dynamic_efficiency") and 100 * t["dynamic_efficiency"], ".1f"),
+def _point_metrics(rows: Sequence[dict]) -> list[str]:
+    return [*POINT_METRICS, *(["area_mm2"] if any(t.get("area_mm2") is not None for t in rows) else [])]
+
+
+def point_header(rows: Sequence[dict]) -> list[str]:
+    return ["trial", *(metric(m).heading for m in _point_metrics(rows)), "exit rates", "architecture"]
+
+
+def _point_rows(rows: Sequence[dict], exits: Sequence[str], like: Sequence[dict] = ()) -> list[list[str]]:
+    """Table rows of `rows`, with the columns of point_header(`like` or `rows`)."""
+    names = _point_metrics(like or rows)
+    return [[t["trial"], *(metric(m).format(t.get(m), unit=False) for m in names),
              " ".join(f"{e}:{t.get(f'exit_rate_{e}') or 0:.0%}" for e in exits), t["arch"]] for t in rows]
 
-
-POINT_HEADER = ["trial", "accuracy %", "latency µs", "energy µJ", "EDP µJ·µs", "exit overhead %",
-                "dynamic efficiency %", "exit rates", "architecture"]
 _STYLE = """body{font-family:sans-serif;margin:2em;max-width:80em;color:#222}
 table{border-collapse:collapse;font-size:0.8em;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px}
 th{background:#eee}td:last-child{font-family:monospace;font-size:0.85em}img{max-width:100%}
@@ -239,16 +247,17 @@ def write_report(run: Run, baselines: Sequence[Run] = (), out_dir: Path | None =
     settings = [[k, json.dumps(cfg.get(k)) if isinstance(cfg.get(k), (dict, list)) else cfg.get(k)]
                 for k in ("space", "device", "dataset", "strategy", "objectives", "budget", "epochs", "seed",
                           "exit_policy", "exit_tolerance", "exit_rates", "pin") if k in cfg]
+    acc, edp, lat, en = (metric(m) for m in ("accuracy", "edp", "latency_ms", "energy_mj"))
     base_rows = []
     for b in (run, *baselines):
         front = accuracy_edp_front(b.feasible)
         best = max(b.feasible, key=lambda t: (t["accuracy"], -(t.get("edp") or 0)), default=None)
-        base_rows.append([label(b), len(b.trials), len(front),
-                          _num(best and best["accuracy"], ".2f"), _num(best and best["edp"] and best["edp"] * 1e6, ".4g"),
-                          _num(front[0]["edp"] * 1e6 if front else None, ".4g")])
-    layer_table = _table(["layer", "op", "role", "exit", "bits", "MACs", "mapping", "latency µs", "energy µJ"],
+        base_rows.append([label(b), len(b.trials), len(front), acc.format(best and best["accuracy"], unit=False),
+                          edp.format(best and best["edp"], unit=False),
+                          edp.format(front[0]["edp"] if front else None, unit=False)])
+    layer_table = _table(["layer", "op", "role", "exit", "bits", "MACs", "mapping", lat.heading, en.heading],
                          [[lay.name, lay.op, lay.role, lay.exit, lay.bits, f"{lay.macs:,}", lay.mapping,
-                           f"{lay.latency_ms * 1e3:.4g}", _num(lay.energy_mj and lay.energy_mj * 1e3, ".4g")]
+                           lat.format(lay.latency_ms, unit=False), en.format(lay.energy_mj, unit=False)]
                           for lay in layers])
     parts = [
         f"<h1>nasctl report: {html.escape(run.id)}</h1>",
@@ -259,13 +268,13 @@ def write_report(run: Run, baselines: Sequence[Run] = (), out_dir: Path | None =
         "1 - EDP / that network's EDP.</p>",
         "<h2>Settings</h2>", _table(["setting", "value"], settings),
         "<h2>Front against the baselines</h2>", _img(pngs["front"], "Pareto front: accuracy against expected EDP"),
-        _table(["run", "trials", "accuracy-EDP front", "best accuracy %", "its EDP µJ·µs", "least front EDP µJ·µs"],
-               base_rows),
-        "<h2>Pareto front</h2>", _table(POINT_HEADER, _point_rows(sorted(run.front, key=lambda t: t["edp"] or 0),
-                                                                 exits)),
+        _table(["run", "trials", "accuracy-EDP front", f"best {acc.heading}", f"its {edp.heading}",
+                f"least front {edp.heading}"], base_rows),
+        "<h2>Pareto front</h2>", _table(point_header(run.front),
+                                        _point_rows(sorted(run.front, key=lambda t: t["edp"] or 0), exits)),
         "<h2>Exit rates</h2>", _img(pngs["exit_rates"], "Exit rates per front point"),
         f"<h2>Trial {chosen['trial']}: cost per layer and core mapping</h2>",
-        _table(POINT_HEADER, _point_rows([chosen], exits)),
+        _table(point_header(run.front), _point_rows([chosen], exits, like=run.front)),
         _img(pngs["layers"], f"Per-layer latency and energy of trial {chosen['trial']}"),
         _img(pngs["mapping"], f"Core mapping per layer of trial {chosen['trial']}"),
         layer_table,

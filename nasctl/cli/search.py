@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from ..config import SearchConfig, make_config
+from ..objectives import objectives_help
 from .render import err, out, print_json
 
 
@@ -24,8 +25,7 @@ def search(
         help=f"'digits', a CIFAR-10 python-batches folder or an .npz file. {_d('dataset')}")] = None,
     strategy: Annotated[Optional[str], typer.Option(help=f"Search strategy. {_d('strategy')}")] = None,
     objectives: Annotated[Optional[str], typer.Option(
-        help="Comma-separated metrics to optimise (accuracy, latency_ms, energy_mj, edp, params, macs, "
-             "exit_overhead, dynamic_efficiency, area_mm2). "
+        help=f"Comma-separated metrics to optimise: {objectives_help()}. "
              "[default: accuracy,edp; accuracy,latency_ms on devices that model latency only; "
              "and area_mm2 with --co-search]")] = None,
     budget: Annotated[Optional[int], typer.Option(help=f"Candidates to evaluate. {_d('budget')}")] = None,
