@@ -16,6 +16,8 @@ import csv
 import io
 import json
 import math
+import re
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -25,17 +27,15 @@ import numpy as np
 
 from . import workspace
 from .errors import ConfigError, UsageError
-from .objectives import METRICS, check_objectives, minimisation_matrix, pareto_front
+from .objectives import METRIC_TABLE, METRICS, check_objectives, metric, minimisation_matrix, pareto_front
 from .specs import read_yaml
 from .store import cell, find_run
 
 SUMMARY_FILE = "summary.json"
 REFERENCE_RULE = "per objective, the worst feasible value plus 10% of the feasible range"
-# How metrics are shown on screen and in plots: name, unit, factor from the trials.csv unit.
-DISPLAY = {"accuracy": ("accuracy", "%", 1.0), "latency_ms": ("latency", "µs", 1e3),
-           "energy_mj": ("energy", "µJ", 1e3), "edp": ("EDP", "µJ·µs", 1e6),
-           "params": ("parameters", "", 1.0), "macs": ("MACs", "", 1.0),
-           "weight_kib": ("weights", "KiB", 1.0), "exit_overhead": ("exit overhead", "%", 100.0), "dynamic_efficiency": ("dynamic efficiency", "%", 100.0)}
+# How metrics are shown on screen and in plots (label, unit, factor from the trials.csv
+# unit), as objectives.METRIC_TABLE states it.
+DISPLAY = {m.name: (m.label, m.unit, m.scale) for m in METRIC_TABLE}
 
 
 @dataclass
@@ -67,17 +67,125 @@ class Run:
 # ---------------------------------------------------------------- reading run folders
 
 def load(run: str | Path) -> Run:
-    """A run from a run folder path or a run id under the workspace's runs/."""
+    """A run from a run folder path or a run id under the workspace's runs/.
+
+    Its trials are trials.csv's rows; where trials.csv is missing, unreadable or holds
+    fewer finished trials than the run's optuna study (study.db), they are read from the
+    study instead, and one warning line on stderr says so."""
     path = find_run(str(run))
-    if not (path / "trials.csv").is_file():
-        raise UsageError(f"'{run}' is not a run folder: {path} holds no trials.csv")
     config = read_yaml(path / "config.yaml")
+    study = _RunStudy.of(path, config)
+    if not (path / "trials.csv").is_file() and not (study and study.count()):
+        raise UsageError(f"'{run}' is not a run folder: {path} holds no trials.csv")
     objectives = config.get("objectives")
     try:
         check_objectives(objectives if isinstance(objectives, list) else [])
     except UsageError as e:
         raise ConfigError(f"{path / 'config.yaml'}: objectives: {e}") from None
-    return Run(str(run), path, config, _read_trials(path / "trials.csv", objectives))
+    return Run(str(run), path, config, _trials(path / "trials.csv", objectives, study))
+
+
+def _trials(path: Path, objectives: Sequence[str], study: "_RunStudy | None") -> list[dict]:
+    """trials.csv's rows, or the study's where trials.csv is missing, unreadable or short."""
+    rows, error = None, None
+    if not path.is_file():
+        problem = f"{path} is missing"
+    else:
+        try:
+            rows = _read_trials(path, objectives)
+        except ConfigError as e:
+            if study is None:
+                raise
+            problem, error = str(e), e
+    if rows is not None:
+        n = study.count() if study is not None else None
+        if n is None or n <= len(rows):  # a study in other storage is consulted only where trials.csv fails
+            return rows
+        problem = f"{path} holds {len(rows)} finished trials but the run's {study.where} holds {n} (cut short?)"
+    try:
+        stored = study.rows()
+    except Exception:  # noqa: BLE001 - optuna and SQLAlchemy raise many kinds; trials.csv decides then
+        stored = None
+    if not stored or (rows is not None and len(stored) <= len(rows)):
+        if rows is None:
+            raise error or UsageError(problem)
+        return rows
+    source = "the study" if rows is not None else f"the run's {study.where}"
+    sys.stderr.write(f"warning: {problem}; read the {len(stored)} finished trials from {source} instead\n")
+    return stored
+
+
+@dataclass
+class _RunStudy:
+    """Where a run's optuna study is: its storage URL and study name (None: the only study
+    in that storage, else one named as the run folder)."""
+
+    url: str
+    name: str | None
+    folder: Path
+
+    @classmethod
+    def of(cls, path: Path, config: dict) -> "_RunStudy | None":
+        url = config.get("storage")
+        if not url:
+            if not (path / "study.db").is_file():
+                return None
+            url = f"sqlite:///{(path / 'study.db').resolve()}"
+        return cls(str(url), config.get("study"), path)
+
+    @property
+    def where(self) -> str:
+        default = self.url == f"sqlite:///{(self.folder / 'study.db').resolve()}"
+        shown = self.folder / "study.db" if default else re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", self.url)
+        return f"optuna study{f' {self.name!r}' if self.name else ''} in {shown}"
+
+    def _pick(self, names: Sequence[str]) -> str | None:
+        if self.name is not None:
+            return self.name if self.name in names else None
+        if len(names) == 1:
+            return names[0]
+        return self.folder.name if self.folder.name in names else None
+
+    def count(self) -> int | None:
+        """Finished trials in the study, read straight from an SQLite file (cheap: no optuna);
+        None for other storages or where it cannot be read."""
+        if not self.url.startswith("sqlite:///"):
+            return None
+        db = Path(self.url.removeprefix("sqlite:///"))
+        if not db.is_file():
+            return None
+        import sqlite3
+
+        try:
+            con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=2)
+            try:
+                studies = dict(con.execute("SELECT study_name, study_id FROM studies").fetchall())
+                name = self._pick(list(studies))
+                if name is None:
+                    return None
+                return con.execute("SELECT COUNT(*) FROM trials WHERE study_id = ? AND state = 'COMPLETE'",
+                                   (studies[name],)).fetchone()[0]
+            finally:
+                con.close()
+        except sqlite3.Error:
+            return None
+
+    def rows(self) -> list[dict] | None:
+        """The trials.csv rows the study holds (each finished trial's `row` attribute), typed
+        as trials.csv would give them; None where the study cannot be found."""
+        import optuna
+
+        from .store import open_storage
+
+        storage = open_storage(self.url)
+        name = self._pick(optuna.get_all_study_names(storage))
+        if name is None:
+            return None
+        study = optuna.load_study(study_name=name, storage=storage)
+        trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        return [{"trial": t.number, **{k: v if k == "arch" else parse_cell(cell(v))
+                                       for k, v in t.user_attrs["row"].items() if k != "trial"}}
+                for t in sorted(trials, key=lambda t: t.number) if isinstance(t.user_attrs.get("row"), dict)]
 
 
 def parse_cell(text: str):
@@ -195,7 +303,7 @@ def best(rows: Sequence[dict], metrics: Sequence[str]) -> dict[str, dict]:
     for m in metrics:
         have = [r for r in rows if isinstance(r.get(m), (int, float)) and not isinstance(r.get(m), bool)]
         if have:
-            pick = (max if METRICS[m] == "max" else min)(have, key=lambda r: r[m])
+            pick = (max if metric(m).higher_is_better else min)(have, key=lambda r: r[m])
             out[m] = {"value": pick[m], "trial": pick["trial"]}
     return out
 
@@ -247,7 +355,7 @@ def list_runs() -> list[dict]:
     folder = workspace.runs_folder()
     rows = []
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if (path / "trials.csv").is_file():
+        if (path / "trials.csv").is_file() or ((path / "config.yaml").is_file() and (path / "study.db").is_file()):
             try:
                 rows.append(summarise(load(path)))
             except UsageError as e:  # config and trials.csv problems included
@@ -257,7 +365,8 @@ def list_runs() -> list[dict]:
 
 def compare(runs: Sequence[Run], baseline: Run, min_ratio: float | None = None) -> dict:
     """Every run's hypervolume at the baseline's stored reference point, its ratio to the
-    baseline's, and whether it meets `min_ratio`."""
+    baseline's, and whether it meets `min_ratio`. The baseline is listed first; it is held
+    to `min_ratio` too where it is one of `runs` (a run compared with itself has ratio 1)."""
     if min_ratio is not None and not (math.isfinite(min_ratio) and min_ratio > 0):
         raise UsageError(f"--min-hv-ratio {min_ratio:g} is not allowed; give a positive number such as 0.9")
     objectives = baseline.objectives
@@ -273,15 +382,18 @@ def compare(runs: Sequence[Run], baseline: Run, min_ratio: float | None = None) 
     if hv_base <= 0:
         raise UsageError(f"baseline '{baseline.name}' has hypervolume 0 at its reference point "
                          f"{base['reference_point']}; no trial is better than it in every objective")
+    base_path = baseline.path.resolve()
+    gated = {r.path.resolve() for r in runs}
     rows = []
-    for r in [baseline, *(r for r in runs if r.path.resolve() != baseline.path.resolve())]:
+    for r in [baseline, *(r for r in runs if r.path.resolve() != base_path)]:
         hv = run_hypervolume(r, ref)
         ratio = hv / hv_base
+        under_test = min_ratio is not None and r.path.resolve() in gated
         rows.append({"run": r.name, "path": str(r.path), "baseline": r is baseline,
                      **{k: r.config.get(k) for k in ("space", "device", "strategy", "seed")},
                      "trials": len(r.trials), "feasible": len(r.feasible), "front_size": len(r.front),
                      "hypervolume": hv, "hv_ratio": ratio, "best": best(r.feasible, objectives),
-                     "passed": None if min_ratio is None or r is baseline else ratio >= min_ratio})
+                     "passed": bool(ratio >= min_ratio) if under_test else None})
     return {"objectives": objectives, "reference_point": ref,
             "reference_source": f"baseline '{baseline.name}', stored in {baseline.path / SUMMARY_FILE}",
             "reference_rule": base["reference_rule"], "baseline": baseline.name, "min_hv_ratio": min_ratio,
@@ -310,14 +422,12 @@ def write_export(rows: Sequence[dict], fmt: str, out: io.TextIOBase) -> None:
         w.writerow([cell(r.get(c)) for c in columns])
 
 
-def display(metric: str, value: float, named: bool = False, unit: bool = True) -> str:
+def display(name: str, value: float, named: bool = False, unit: bool = True) -> str:
     """A metric value in its on-screen unit, e.g. `3.76 µJ·µs` (`EDP 3.76 µJ·µs` if named,
     `3.76` without the unit)."""
-    name, symbol, factor = DISPLAY[metric]
-    v = value * factor
-    text = f"{v:,.0f}" if not symbol or abs(v) >= 1e4 else f"{v:.4g}"  # 30,020 µs, not 3.002e+04
-    text += f" {symbol}" if symbol and unit else ""
-    return f"{name} {text}" if named else text
+    m = metric(name)
+    text = m.format(value, unit=unit)
+    return f"{m.label} {text}" if named else text
 
 
 def describe_reference(ref: dict[str, float] | None) -> str:
@@ -328,13 +438,12 @@ def describe_reference(ref: dict[str, float] | None) -> str:
 
 def hypervolume_units(objectives: Sequence[str]) -> tuple[str, float]:
     """Unit of a hypervolume shown in on-screen units, and the factor from trials.csv units."""
-    units = [DISPLAY[o][1] or DISPLAY[o][0] for o in objectives]  # counts: the metric's name
-    return " × ".join(units), math.prod(DISPLAY[o][2] for o in objectives)
+    units = [metric(o).unit or metric(o).label for o in objectives]  # counts: the metric's label
+    return " × ".join(units), math.prod(metric(o).scale for o in objectives)
 
 
-def _axis_label(metric: str) -> str:
-    name, unit, _ = DISPLAY[metric]
-    return f"{name}{f' ({unit})' if unit else ''}, {'higher' if METRICS[metric] == 'max' else 'lower'} is better"
+def _axis_label(name: str) -> str:
+    return metric(name).axis_label
 
 
 def _dominated_region(front: Sequence[dict], objectives: Sequence[str], ref: dict[str, float]):
@@ -366,7 +475,7 @@ def plot(run: Run, out_dir: Path | None = None) -> list[Path]:
     summary = summarise(run)
     ref = summary["reference_point"]
     x, y = run.objectives[:2]
-    sx, sy = DISPLAY[x][2], DISPLAY[y][2]
+    sx, sy = metric(x).scale, metric(y).scale
 
     fig = Figure(figsize=(7, 5), dpi=120, layout="constrained")
     FigureCanvasAgg(fig)
@@ -393,8 +502,8 @@ def plot(run: Run, out_dir: Path | None = None) -> list[Path]:
     if ref is not None:
         ax.scatter([ref[x] * sx], [ref[y] * sy], marker="*", s=90, c="tab:red", zorder=4,
                    label="hypervolume reference point")
-    for metric, scale, set_scale in ((x, sx, ax.set_xscale), (y, sy, ax.set_yscale)):
-        values = [t[metric] for t in run.trials]
+    for name, set_scale in ((x, ax.set_xscale), (y, ax.set_yscale)):
+        values = [t[name] for t in run.trials]
         if min(values) > 0 and max(values) >= 20 * min(values):  # spans decades: log axis
             set_scale("log")
     ax.set_xlabel(_axis_label(x))

@@ -7,6 +7,7 @@ import pytest
 
 from nasctl import runs
 from nasctl.errors import ConfigError, UsageError
+from nasctl.objectives import METRIC_TABLE
 from nasctl.store import RunStore
 
 COLUMNS = ["trial", "arch", "accuracy", "latency_ms", "energy_mj", "edp", "params", "macs", "feasible", "train_s"]
@@ -186,3 +187,114 @@ def test_export_round_trip_csv_and_json(tmp_path):
         runs.write_export(runs.export_rows(run, front_only=True), "json", f)
     front = json.loads((tmp_path / "t.json").read_text())
     assert [(r["trial"], r["accuracy"], r["arch.depth"]) for r in front] == [(0, 90, 0), (1, 80, 1)]
+
+
+# ------------------------------------------------------------------ every metric, as runs show it
+
+ALL_COLUMNS = ["trial", "arch", *(m.name for m in METRIC_TABLE), "feasible", "train_s"]
+
+
+def make_metric_run(path: Path, objectives) -> Path:
+    """A run folder with every metric column, optimising `objectives`."""
+    store = RunStore.create(path, "unused", ALL_COLUMNS)
+    store.write_config({"space": "nb201", "device": "edge-quad", "strategy": "random", "seed": 0,
+                        "objectives": list(objectives)})
+    for i in range(3):
+        store.append({"trial": i, "arch": json.dumps({"depth": i}), "accuracy": 80.0 + i, "latency_ms": 0.5 + i,
+                      "energy_mj": 0.2 + 0.1 * i, "edp": 0.1 * (3 - i), "params": 1000 * (i + 1), "macs": 5000 * (i + 1),
+                      "weight_kib": 4.0 + i, "exit_overhead": 0.01 * i, "dynamic_efficiency": 0.1 * i,
+                      "area_mm2": 12.0 - i, "feasible": True, "train_s": 0.1})
+    return path
+
+
+@pytest.mark.parametrize("m", METRIC_TABLE, ids=lambda m: m.name)
+def test_every_metric_is_summarised_and_shown_through_the_table(tmp_path, m):
+    partner = "edp" if m.name != "edp" else "accuracy"
+    run = runs.load(make_metric_run(tmp_path / "r", [m.name, partner]))
+    summary = runs.summarise(run)
+    values = [t[m.name] for t in run.trials]
+    assert summary["best"][m.name]["value"] == (max if m.direction == "max" else min)(values)
+    assert set(summary["reference_point"]) == {m.name, partner} and summary["hypervolume"] > 0
+    assert runs.display(m.name, 2.0) == m.format(2.0)
+    assert runs.display(m.name, 2.0, named=True).startswith(f"{m.label} ")
+    assert m.label in runs.describe_reference(summary["reference_point"])
+    units, factor = runs.hypervolume_units([m.name, partner])
+    assert units.split(" × ")[0] == (m.unit or m.label) and factor == pytest.approx(m.scale * 1e6 ** (partner == "edp"))
+    assert runs.DISPLAY[m.name] == (m.label, m.unit, m.scale)
+
+
+def test_plot_axes_are_labelled_from_the_metric_table(tmp_path):
+    run = runs.load(make_metric_run(tmp_path / "r", ["area_mm2", "weight_kib"]))
+    pareto, hv = runs.plot(run, tmp_path / "plots")
+    assert pareto.read_bytes()[:4] == b"\x89PNG" and hv.is_file()
+    assert runs._axis_label("area_mm2") == "area (mm²), lower is better"
+    assert runs._axis_label("dynamic_efficiency") == "dynamic efficiency (%), higher is better"
+
+
+# ------------------------------------------------------------------ a run compared with itself
+
+def test_a_run_compared_with_itself_is_held_to_the_gate(tmp_path):
+    base = runs.load(make_run(tmp_path / "base", [(90, 2.0), (80, 1.0)]))
+    again = runs.load(tmp_path / "base")
+    result = runs.compare([again], base, min_ratio=1.5)
+    (row,) = result["runs"]
+    assert row["baseline"] and row["hv_ratio"] == 1.0 and row["passed"] is False and result["passed"] is False
+    assert runs.compare([again], base, min_ratio=1.0)["runs"][0]["passed"] is True
+    # a baseline not among the compared runs is not gated
+    other = runs.load(make_run(tmp_path / "other", [(85, 2.0)]))
+    rows = runs.compare([other], base, min_ratio=1.5)["runs"]
+    assert rows[0]["passed"] is None and rows[1]["passed"] is False
+
+
+# ------------------------------------------------------------------ trials.csv cut short, study.db intact
+
+def make_run_with_study(path: Path, points) -> Path:
+    """A run folder as a search writes it: each trial in the optuna study (study.db), then in trials.csv."""
+    from nasctl.spaces.base import arch_key
+    from nasctl.spaces.loader import load_space
+    from nasctl.store import TrialStore
+
+    space = load_space("nb201")
+    store = RunStore.create(path, "unused", COLUMNS)
+    store.write_config({"space": "nb201", "device": "edge-quad", "strategy": "random", "seed": 0,
+                        "objectives": ["accuracy", "edp"]})
+    study = TrialStore(f"sqlite:///{path / 'study.db'}", path.name, ["maximize", "minimize"], space, 0)
+    rng = np.random.default_rng(0)
+    for acc, edp in points:
+        arch = space.sample(rng)
+        trial = study.start(arch, arch_key(arch))
+        row = {"arch": arch_key(arch), "accuracy": acc, "latency_ms": edp / 2, "energy_mj": 2.0, "edp": edp,
+               "params": 1000, "macs": 5000, "feasible": True, "train_s": 0.123456789}
+        store.append({"trial": study.finish(trial, row, [acc, edp], {}), **row})
+    return path
+
+
+@pytest.mark.parametrize("damage", ["cut mid-row", "last row lost", "header only", "empty", "garbage", "missing"])
+def test_a_damaged_trials_csv_is_read_from_the_study_with_one_warning(tmp_path, capsys, damage):
+    path = make_run_with_study(tmp_path / "r", [(90, 2.0), (80, 1.0), (85, 1.5)])
+    intact = runs.load(path)
+    assert capsys.readouterr().err == ""  # trials.csv whole: no warning
+    trials = path / "trials.csv"
+    text = trials.read_text()
+    lines = text.splitlines(keepends=True)
+    if damage == "missing":
+        trials.unlink()
+    else:
+        trials.write_text({"cut mid-row": text[:len(lines[0]) + 12], "last row lost": "".join(lines[:-1]),
+                           "header only": lines[0], "empty": "", "garbage": "nonsense\n"}[damage])
+    run = runs.load(path)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: ") and "study.db" in err[0], err
+    assert "read the 3 finished trials" in err[0]
+    assert run.trials == intact.trials  # typed as trials.csv gives them
+    assert runs.summarise(run)["hypervolume"] == pytest.approx(runs.summarise(intact)["hypervolume"])
+
+
+def test_a_moved_run_finds_its_study_and_a_run_without_one_reads_trials_csv_alone(tmp_path, capsys):
+    path = make_run_with_study(tmp_path / "r", [(90, 2.0), (80, 1.0)])
+    path.rename(tmp_path / "renamed")  # the study keeps the name of the folder it was made in
+    (tmp_path / "renamed" / "trials.csv").write_text("trial,arch\n")
+    assert len(runs.load(tmp_path / "renamed").trials) == 2 and "warning" in capsys.readouterr().err
+    (tmp_path / "renamed" / "study.db").unlink()
+    with pytest.raises(ConfigError, match="header lacks column"):
+        runs.load(tmp_path / "renamed")

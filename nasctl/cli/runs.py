@@ -11,7 +11,7 @@ from rich.table import Table
 
 from .. import runs, workspace
 from ..errors import WorkFailed
-from ..objectives import METRICS
+from ..objectives import metric
 from .render import out, print_json
 from .search import _front_table
 
@@ -62,14 +62,16 @@ def show(run: RunArg, as_json: JsonOpt = False):
     out.print(f"[bold]{s['run']}[/bold]  {s['path']}")
     out.print(f"space {s['space']} · device {s['device']} · dataset {s['dataset']} · strategy {s['strategy']} · "
               f"seed {s['seed']} · epochs {s['epochs']} · created {s['created']}")
-    out.print(f"objectives: {', '.join(o + (' ↑' if METRICS[o] == 'max' else ' ↓') for o in s['objectives'])}")
+    out.print("objectives: " + ", ".join(f"{o} {metric(o).arrow}" + (f" ({metric(o).unit})" if metric(o).unit else "")
+                                         for o in s["objectives"]), highlight=False)
     out.print(f"{s['trials']} trials ({s['feasible']} feasible), {s['front_size']} on the Pareto front")
     out.print(f"hypervolume {_hv(s['hypervolume'], s['objectives'])} at reference point {runs.describe_reference(s['reference_point'])}")
     out.print(f"  reference point: {s['reference_rule']}; stored in {loaded.path / runs.SUMMARY_FILE}")
     out.print(_front_table(loaded.front, s["objectives"]))
-    table = Table("metric", "best", "trial", title="Best feasible trial per metric")
-    for metric, b in s["best"].items():
-        table.add_row(metric, runs.display(metric, b["value"]), str(b["trial"]))
+    table = Table("metric", "column", "best", "trial", title="Best feasible trial per metric")
+    for name, b in s["best"].items():
+        m = metric(name)
+        table.add_row(m.label, f"{name} {m.arrow}", runs.display(name, b["value"]), str(b["trial"]))
     out.print(table)
 
 
@@ -79,13 +81,17 @@ def compare(
     baseline: Annotated[Optional[str], typer.Option(
         help="Run the others are measured against. [default: the first RUN]")] = None,
     min_hv_ratio: Annotated[Optional[float], typer.Option(
-        help="Gate: exit 1 when a run's hypervolume is below this times the baseline's.")] = None,
+        help="Gate: exit 1 when a run's hypervolume is below this times the baseline's (a run given "
+             "as its own baseline has ratio 1).")] = None,
     as_json: JsonOpt = False,
 ):
     """Compare runs side by side at the baseline's reference point; optionally gate on hypervolume."""
     loaded = [runs.load(r) for r in run]
     base = runs.load(baseline) if baseline is not None else loaded[0]
-    result = runs.compare(loaded, base, min_hv_ratio)
+    # The first RUN, when it is the baseline by default, is held to the gate only where it is
+    # the one run given (a run compared with itself, ratio 1).
+    gated = loaded if baseline is not None else loaded[1:] or loaded
+    result = runs.compare(gated, base, min_hv_ratio)
     if as_json:
         print_json(result)
     else:
@@ -102,15 +108,16 @@ def compare(
                                          if o in r["best"] else "-" for r in result["runs"]])
         if min_hv_ratio is not None:
             table.add_row(f"HV ratio ≥ {min_hv_ratio:g}",
-                          *["" if r["passed"] is None else "[green]pass[/green]" if r["passed"] else "[red]FAIL[/red]"
-                            for r in result["runs"]])
+                          *["baseline" if r["passed"] is None else "[green]pass[/green]" if r["passed"]
+                            else "[red]FAIL[/red]" for r in result["runs"]])
         out.print(table)
         out.print(f"reference point: {runs.describe_reference(result['reference_point'])} ({result['reference_source']}; "
                   f"{result['reference_rule']})")
     failed = [r for r in result["runs"] if r["passed"] is False]
     if failed:
         raise WorkFailed("; ".join(f"run '{r['run']}' hypervolume ratio {r['hv_ratio']:.3f} is below --min-hv-ratio "
-                                   f"{min_hv_ratio:g} of baseline '{result['baseline']}'" for r in failed))
+                                   f"{min_hv_ratio:g} of baseline '{result['baseline']}'"
+                                   + (" (the run itself)" if r["baseline"] else "") for r in failed))
 
 
 @app.command("export")

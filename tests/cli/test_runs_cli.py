@@ -7,6 +7,7 @@ import yaml
 from typer.testing import CliRunner
 
 from nasctl.cli import app
+from nasctl.objectives import METRIC_TABLE
 
 runner = CliRunner()
 
@@ -104,6 +105,7 @@ def test_user_errors_are_one_line(real_runs, tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.yaml").write_text((s0 / "config.yaml").read_text())
     shutil.copytree(s0, tmp_path / "broken")
+    (tmp_path / "broken" / "study.db").unlink()  # with the study, trials.csv's damage is read around
     with open(tmp_path / "broken" / "trials.csv", "a") as f:
         f.write("7,{},oops\n")
     shutil.copytree(s0, tmp_path / "latency")
@@ -133,3 +135,139 @@ def test_help(command):
 def test_list_without_runs():
     assert json.loads(invoke("runs", "list", "--json").stdout) == []
     assert "No runs in" in invoke("runs", "list").stdout
+
+
+# ------------------------------------------------------------------ a run compared with itself
+
+@pytest.mark.parametrize("args", [["--baseline", "SELF"], []])
+def test_a_run_against_itself_fails_a_gate_above_one(real_runs, args):
+    s0, _ = real_runs
+    result = invoke("runs", "compare", s0, *[s0 if a == "SELF" else a for a in args], "--min-hv-ratio", 1.5)
+    line = one_error_line(result, 1)
+    assert f"run '{s0}' hypervolume ratio 1.000 is below --min-hv-ratio 1.5" in line
+    gate = [row for row in result.stdout.splitlines() if "HV ratio ≥ 1.5" in row]
+    assert len(gate) == 1 and "FAIL" in gate[0]
+    assert "1.000" in next(row for row in result.stdout.splitlines() if row.startswith("│ HV ratio "))
+    doc = json.loads(invoke("runs", "compare", s0, *[s0 if a == "SELF" else a for a in args], "--min-hv-ratio", 1.5,
+                            "--json").stdout)
+    assert doc["passed"] is False and doc["runs"][0]["hv_ratio"] == 1.0 and doc["runs"][0]["passed"] is False
+    assert invoke("runs", "compare", s0, *[s0 if a == "SELF" else a for a in args], "--min-hv-ratio", 1).exit_code == 0
+
+
+def test_the_default_baseline_is_not_gated_beside_other_runs(real_runs):
+    s0, s1 = real_runs
+    doc = json.loads(invoke("runs", "compare", s1, s0, "--min-hv-ratio", 0.05, "--json").stdout)
+    assert [r["passed"] for r in doc["runs"]] == [None, True]
+
+
+# ------------------------------------------------------------------ trials.csv cut short
+
+def test_a_truncated_trials_csv_is_read_from_study_db_with_a_warning(real_runs, tmp_path):
+    shutil.copytree(real_runs[0], tmp_path / "runs" / "cut")
+    whole = json.loads(invoke("runs", "show", "cut", "--json").stdout)
+    trials = tmp_path / "runs" / "cut" / "trials.csv"
+    trials.write_bytes(trials.read_bytes()[:300])  # the header and part of the first row
+    for args in (["runs", "show", "cut", "--json"], ["runs", "list", "--json"]):
+        result = invoke(*args)
+        assert result.exit_code == 0, result.output
+        warning = result.stderr.strip().splitlines()
+        assert len(warning) == 1 and warning[0].startswith("warning: ") and "study.db" in warning[0], result.stderr
+        doc = json.loads(result.stdout)
+        shown = doc if args[1] == "show" else doc[0]
+        assert shown["trials"] == whole["trials"] == 3 and shown["hypervolume"] == pytest.approx(whole["hypervolume"])
+
+
+# ------------------------------------------------------------------ named objectives in study.db
+
+def test_the_study_names_its_objectives(real_runs, co_search_run):
+    import optuna
+
+    for run, names in ((real_runs[0], ["accuracy", "edp"]), (co_search_run, ["accuracy", "edp", "area_mm2"])):
+        study = optuna.load_study(study_name=None, storage=f"sqlite:///{run / 'study.db'}")
+        assert study.metric_names == names
+
+
+# ------------------------------------------------------------------ every metric, through the one table
+
+NB201_CELL = ("edge_1_0=nor_conv_3x3,edge_2_0=nor_conv_3x3,edge_2_1=skip_connect,edge_3_0=nor_conv_1x1,"
+              "edge_3_1=avg_pool_3x3,edge_3_2=nor_conv_3x3")
+
+
+@pytest.fixture(scope="module")
+def co_search_run(tmp_path_factory):
+    """A small real `--co-search` run: one NB201 cell (accuracy from a table) on six accelerators."""
+    import itertools
+
+    from nasctl.spaces.loader import load_space
+
+    base = tmp_path_factory.mktemp("co-search")
+    space = load_space("nb201")
+    names = [v.name for v in space.variables()]
+    with open(base / "acc.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["arch_str", "acc"])
+        for i, ops in enumerate(itertools.product(*(v.choices for v in space.variables()))):
+            w.writerow([space.format_arch(dict(zip(names, ops))), 80 + i % 7])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(base)
+        mp.delenv("NASCTL_WORKSPACE", raising=False)
+        result = invoke("search", "--space", "nb201", "--device", "edge-quad", "--co-search", "--accuracy",
+                        f"table:{base / 'acc.csv'}:acc", "--pin", NB201_CELL, "--budget", 6,
+                        "--run-dir", base / "runs" / "cs")
+        assert result.exit_code == 0, result.output
+    return base / "runs" / "cs"
+
+
+def test_show_list_compare_and_plot_a_co_search_run(co_search_run, tmp_path):
+    shutil.copytree(co_search_run, tmp_path / "runs" / "cs")
+    shown = invoke("runs", "show", "cs")
+    assert shown.exit_code == 0, shown.output
+    assert "Traceback" not in shown.output and shown.stderr == ""
+    assert "area_mm2 ↓ (mm²)" in shown.stdout and "area " in shown.stdout and " mm²" in shown.stdout
+    assert "% × µJ·µs × mm²" in shown.stdout  # the hypervolume's unit
+    doc = json.loads(invoke("runs", "show", "cs", "--json").stdout)
+    assert doc["objectives"] == ["accuracy", "edp", "area_mm2"] and doc["trials"] == 6
+    assert set(doc["reference_point"]) == {"accuracy", "edp", "area_mm2"} and "area_mm2" in doc["best"]
+    listed = invoke("runs", "list")
+    assert listed.exit_code == 0 and "cs" in listed.stdout and "Traceback" not in listed.output, listed.output
+    assert json.loads(invoke("runs", "list", "--json").stdout)[0]["trials"] == 6
+    compared = invoke("runs", "compare", "cs", "--baseline", "cs")
+    assert compared.exit_code == 0 and "best area_mm2" in compared.stdout, compared.output
+    plotted = invoke("runs", "plot", "cs", "--out", tmp_path / "plots")
+    assert plotted.exit_code == 0, plotted.output
+
+
+ALL_COLUMNS = ["trial", "arch", *(m.name for m in METRIC_TABLE), "feasible", "train_s"]
+
+
+@pytest.mark.parametrize("m", METRIC_TABLE, ids=lambda m: m.name)
+def test_runs_show_and_list_show_every_metric_with_its_label_and_unit(tmp_path, m):
+    from nasctl.store import RunStore
+
+    partner = "edp" if m.name != "edp" else "accuracy"
+    store = RunStore.create(tmp_path / "runs" / "r", "unused", ALL_COLUMNS)
+    store.write_config({"space": "nb201", "device": "edge-quad", "strategy": "random", "seed": 0,
+                        "objectives": [m.name, partner]})
+    hw = {"hw_cores": 2, "hw_mac_array": "k4-c4-ox8-oy8", "hw_weight_sram_kib": 512, "hw_act_sram_kib": 256}
+    for i in range(3):  # a co-searched accelerator's knobs, as area_mm2 comes with them
+        store.append({"trial": i, "arch": json.dumps({"depth": i, **hw}), "accuracy": 80.0 + i, "latency_ms": 0.5 + i,
+                      "energy_mj": 0.2 + 0.1 * i, "edp": 0.1 * (3 - i), "params": 1000 * (i + 1),
+                      "macs": 5000 * (i + 1), "weight_kib": 4.0 + i, "exit_overhead": 0.01 * i,
+                      "dynamic_efficiency": 0.1 * i, "area_mm2": 12.0 - i, "feasible": True, "train_s": 0.1})
+    shown = invoke("runs", "show", "r")
+    assert shown.exit_code == 0, shown.output
+    objectives_line = next(line for line in shown.stdout.splitlines() if line.startswith("objectives: "))
+    assert f"{m.name} {m.arrow}" + (f" ({m.unit})" if m.unit else "") in objectives_line
+    reference_line = next(line for line in shown.stdout.splitlines() if line.startswith("hypervolume "))
+    assert f"{m.label} " in reference_line and (m.unit in reference_line)
+    best_row = next(line for line in shown.stdout.splitlines() if line.startswith("│") and f" {m.name} {m.arrow} " in line)
+    assert best_row.split("│")[1].strip() == m.label and (m.unit in best_row.split("│")[3])
+    listed = invoke("runs", "list")
+    assert listed.exit_code == 0 and "│ r " in listed.stdout, listed.output
+
+
+def test_search_help_lists_every_metric():
+    result = runner.invoke(app, ["search", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for m in METRIC_TABLE:
+        assert m.name in result.stdout
