@@ -123,6 +123,7 @@ class Evaluator:
                                           {e: cfg.exit_rates.get(e, 0.0) for e in self.exits[:-1]},
                                           threads=threads)
             self.input_shape, self.classes = self.dataset.input_shape, self.dataset.classes
+            space.check_fits(self.input_shape, self.classes, min(cfg.batch_size, len(self.dataset.y_train)))
         elif is_table(cfg.accuracy):
             self.acc_table = ArchTable(cfg.accuracy, self.net_space)
             self.input_shape, self.classes = self._input()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -14,6 +15,16 @@ from ..errors import UsageError
 from ..hardware.layers import LayerSpec
 
 Arch = Mapping[str, Any]
+
+
+def machine_memory() -> int | None:
+    """Bytes of physical memory of this machine, or None where the system does not say:
+    the bound a space's largest candidate is checked against (`SearchSpace.check_fits`)."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return pages * size if pages > 0 and size > 0 else None
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,11 @@ class SearchSpace(ABC):
         """Input shape (C, H, W) and class count when no dataset gives them (table-scored searches)."""
         raise UsageError(f"space '{self.name}' takes its input shape from a dataset; "
                          "score it with --accuracy proxy")
+
+    def check_fits(self, input_shape: tuple[int, int, int], classes: int, batch_size: int) -> None:
+        """Refuse (a one-line ConfigError) a space whose largest candidate could not be
+        trained on this machine at this input and batch size; spaces of fixed, small
+        networks need not override it."""
 
     def exit_names(self) -> list[str]:
         """Names of every exit the space can have, final classifier last (trials.csv columns)."""

@@ -6,6 +6,14 @@ cost (`exits.tolerance`, the knob `exit_tolerance` their thresholds are calibrat
 Quantization: bit width of the backbone and of the exit heads, or, with
 `quantization.per_stage`, of each backbone stage (the stem takes stage 1's width, the final
 classifier the last stage's).  A list in the spec is a knob; a scalar is fixed.
+
+Sizes a machine can hold.  A stage's depth is at most 64, a kernel 31, a stride 8
+(`MAXIMA`).  Channels, widths and expansions are bounded by memory: the space's largest
+architecture (every knob at its largest choice) must be trainable here - its parameters at
+16 bytes each (float32 weights, gradients and two AdamW moments) within this machine's
+physical memory when the spec is loaded (the error names the key to lower and how far),
+and, once the dataset gives the input, its activations for one training batch too (float32,
+~3 tensors kept per conv for the backward pass; `check_fits`).
 """
 
 from __future__ import annotations
@@ -15,17 +23,36 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from ..errors import ConfigError
 from ..hardware.layers import LayerSpec
-from .base import Arch, SearchSpace, Variable
+from .base import Arch, SearchSpace, Variable, machine_memory
 
 Choice = Union[int, list[int]]
 BITS = (4, 8, 16, 32)
+MAXIMA = {"depth": 64, "kernel": 31, "stride": 8}  # channels, widths, expansions: bounded by memory
+TRAIN_BYTES_PER_PARAM = 16  # float32 weight, its gradient, AdamW's two moments
+SAVED_PER_CONV = 3          # activations a conv unit keeps for the backward pass: conv, BN, quantized act
+LOAD_INPUT = (3, 10)        # input channels and classes assumed when a spec is loaded (no dataset yet)
 
 
 def _choices(value: Choice) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, list) else (value,)
+
+
+def _at_most(name: str):
+    """A validator refusing values beyond MAXIMA[name]."""
+    limit = MAXIMA[name]
+
+    def check(cls, v):
+        big = [x for x in _choices(v) if x > limit]
+        if big:
+            raise ValueError(f"{max(big)} is too large; allowed: 1 … {limit}")
+        return v
+
+    return field_validator(name)(classmethod(check))
 
 
 class _Strict(BaseModel):
@@ -34,8 +61,8 @@ class _Strict(BaseModel):
 
 class StemSpec(_Strict):
     channels: int = Field(gt=0)
-    kernel: int = Field(default=3, gt=0)
-    stride: int = Field(default=1, gt=0)
+    kernel: int = Field(default=3, gt=0, le=MAXIMA["kernel"])
+    stride: int = Field(default=1, gt=0, le=MAXIMA["stride"])
 
 
 class StageSpec(_Strict):
@@ -43,7 +70,7 @@ class StageSpec(_Strict):
     channels: Choice
     expand: Choice = 6
     kernel: Choice = 3
-    stride: int = Field(default=1, gt=0)
+    stride: int = Field(default=1, gt=0, le=MAXIMA["stride"])
 
     @field_validator("depth", "channels", "expand", "kernel")
     @classmethod
@@ -52,6 +79,9 @@ class StageSpec(_Strict):
         if not values or any(x <= 0 for x in values):
             raise ValueError("must be a positive integer or a non-empty list of them")
         return v
+
+    _depth_limit = _at_most("depth")
+    _kernel_limit = _at_most("kernel")
 
     @field_validator("kernel")
     @classmethod
@@ -69,6 +99,14 @@ class ExitSpec(_Strict):
     after_stages: list[int] = []
     width: Choice = 32
     tolerance: Optional[Union[float, list[float]]] = None  # accuracy points; a list is a knob
+
+    @field_validator("width")
+    @classmethod
+    def _width(cls, v: Choice) -> Choice:
+        values = _choices(v)
+        if not values or any(x <= 0 for x in values):
+            raise ValueError("must be a positive integer or a non-empty list of them")
+        return v
 
     @field_validator("tolerance")
     @classmethod
@@ -145,7 +183,99 @@ class Mbv2Space(SearchSpace):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Mbv2Space":
-        return cls(Mbv2Spec.model_validate(data))
+        space = cls(Mbv2Spec.model_validate(data))
+        space._check_weights()
+        return space
+
+    # -- sizes this machine can hold ---------------------------------------------------
+    def largest(self) -> dict:
+        """The architecture with every knob at its largest choice (exits on): the most
+        parameters and activations the space holds."""
+        return {v.name: max(v.choices) for v in self._variables}
+
+    def _check_weights(self, memory: Optional[int] = None) -> None:
+        """Refuse a spec whose largest architecture's training state (TRAIN_BYTES_PER_PARAM
+        a parameter) exceeds this machine's memory: a pydantic error at the key to lower."""
+        memory = memory or machine_memory()
+        if memory is None:
+            return
+        in_ch, classes = LOAD_INPUT
+        params = lambda sp: sum(l.params for l in sp.to_layers(sp.largest(), (in_ch, 1, 1), classes))  # noqa: E731
+        need = params(self) * TRAIN_BYTES_PER_PARAM
+        if need <= memory:
+            return
+        # the key whose lowering to 1 saves the most, and how far it may go
+        data = self.spec.model_dump()
+        keys = [("stem", "channels"), ("head", "channels"), ("exits", "width")]
+        keys += [("stages", i, k) for i in range(len(self.spec.stages)) for k in ("channels", "expand", "depth", "kernel")]
+
+        def with_max(key, value) -> "Mbv2Space":
+            d = {**data, "stages": [dict(st) for st in data["stages"]], "stem": dict(data["stem"]),
+                 "head": dict(data["head"]), "exits": dict(data["exits"])}
+            node = d[key[0]][key[1]] if key[0] == "stages" else d[key[0]]
+            node[key[-1]] = value
+            return Mbv2Space(Mbv2Spec.model_validate(d))
+
+        def values(key):
+            node = data[key[0]][key[1]] if key[0] == "stages" else data[key[0]]
+            return _choices(node[key[-1]])
+
+        key = min(keys, key=lambda k: params(with_max(k, 1)))
+        lo, hi = 0, max(values(key))  # the largest value of `key` that fits: lo
+        step = 2 if key[-1] == "kernel" else 1
+        while hi - lo > step:
+            mid = (lo + hi) // 2
+            mid += step == 2 and mid % 2 == 0
+            lo, hi = (mid, hi) if params(with_max(key, mid)) * TRAIN_BYTES_PER_PARAM <= memory else (lo, mid)
+        allowed = (f"allowed on this machine: up to {lo} (with the other keys as they are)" if lo
+                   else "lower the other keys' largest choices too")
+        path = ".".join(map(str, key))
+        raise ValidationError.from_exception_data("Mbv2Spec", [InitErrorDetails(
+            type=PydanticCustomError("too_large", "{msg}", {"msg": (
+                f"{max(values(key))} makes the largest architecture {_count(params(self))} parameters, "
+                f"{_gib(need)} to train (float32 weights, gradients and AdamW moments), more than this "
+                f"machine's {_gib(memory)} of memory; {allowed}")}),
+            loc=tuple(key), input=max(values(key)))])
+
+    def check_fits(self, input_shape: tuple[int, int, int], classes: int, batch_size: int,
+                   memory: Optional[int] = None) -> None:
+        """Refuse a space whose largest architecture cannot be trained here: its parameters'
+        training state and one batch's activations (SAVED_PER_CONV tensors per conv,
+        float32) within this machine's memory.  A one-line ConfigError naming the stage."""
+        memory = memory or machine_memory()
+        if memory is None:
+            return
+        layers = self.to_layers(self.largest(), tuple(input_shape), classes)
+        weights = sum(l.params for l in layers) * TRAIN_BYTES_PER_PARAM
+        per_block: dict[str, int] = {}
+        for l in layers:
+            block = l.name.split(".")[0]
+            per_block[block] = per_block.get(block, 0) + l.out_elems * (SAVED_PER_CONV if l.op == "conv" else 1)
+        acts = 4 * batch_size * (sum(per_block.values()) + int(np.prod(input_shape)))
+        if weights + acts <= memory:
+            return
+        # the stage whose activations are the most
+        stage_of, n = {}, 1  # plan block index -> stage (1-based; 0 the stem, None heads)
+        for i, st in enumerate(self.spec.stages, 1):
+            for _ in range(max(_choices(st.depth))):
+                stage_of[f"b{n}"] = i
+                n += 1
+            if i in self.spec.exits.after_stages:
+                n += 1
+        by_stage: dict[int, int] = {}
+        for block, elems in per_block.items():
+            if block in stage_of:
+                by_stage[stage_of[block]] = by_stage.get(stage_of[block], 0) + elems
+        worst = max(by_stage, key=by_stage.get) if by_stage else None
+        where = "" if worst is None else (
+            f"; most of them in stages.{worst - 1} (s{worst}: channels up to "
+            f"{max(_choices(self.spec.stages[worst - 1].channels))}, expand up to "
+            f"{max(_choices(self.spec.stages[worst - 1].expand))}): lower those, or the batch size")
+        shape = "x".join(map(str, input_shape))
+        raise ConfigError(f"search space '{self.name}': its largest architecture needs {_gib(weights + acts)} to "
+                          f"train ({_gib(acts)} of activations for a batch of {batch_size} at input {shape}, "
+                          f"{_gib(weights)} of weights and optimiser state), more than this machine's "
+                          f"{_gib(memory)} of memory{where}")
 
     def variables(self) -> tuple[Variable, ...]:
         return self._variables
@@ -275,6 +405,15 @@ class Mbv2Space(SearchSpace):
         from .mbv2_torch import build_mbv2
 
         return build_mbv2(self.plan(arch), input_shape, classes)
+
+
+def _count(n: int) -> str:
+    return f"{n:,}" if n < 10**15 else f"{n:.3g}"
+
+
+def _gib(n: float) -> str:
+    g = n / 2**30
+    return f"{g:.3g} GiB" if g < 100 or g >= 10**9 else f"{g:,.0f} GiB"
 
 
 def _conv_out(h: int, w: int, k: int, s: int) -> tuple[int, int]:

@@ -184,3 +184,25 @@ def test_search_refuses_a_dataset_before_a_run_folder(tmp_path, edit, message):
     result = invoke("search", "--dataset", tmp_path / "d.npz", "--budget", "1", "--epochs", "1")
     one_line_error(result, 2, message)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+# -- search spaces too large for this machine --------------------------------------------
+def test_space_show_refuses_a_space_too_large_to_train(root, tmp_path):
+    import yaml
+
+    data = yaml.safe_load((root / "search_spaces" / "ee-mbv2.yaml").read_text())
+    data["stages"][2]["channels"] = [48, 100000]  # 3,577 GiB to train its largest network
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(data))
+    result = invoke("space", "show", tmp_path / "big.yaml")
+    one_line_error(result, 2, "big.yaml: stages.2.channels: 100000 makes the largest architecture")
+    assert "allowed on this machine: up to" in result.stderr
+
+
+def test_search_refuses_activations_beyond_memory_before_a_run_folder(tmp_path, monkeypatch):
+    import nasctl.spaces.mbv2 as mbv2
+
+    monkeypatch.setattr(mbv2, "machine_memory", lambda: 256 * 2**20)
+    result = invoke("search", "--batch-size", "1024", "--budget", "1", "--epochs", "1")
+    one_line_error(result, 2, "search space 'ee-mbv2': its largest architecture needs ")
+    assert "for a batch of 1024 at input 1x8x8" in result.stderr and "or the batch size" in result.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

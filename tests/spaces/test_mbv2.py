@@ -185,3 +185,62 @@ def test_pinned_space_narrows_knobs_and_prices_alike(space):
     assert pin_knobs(space, {}) is space
     with pytest.raises(UsageError, match="pin: 'bits' is not a knob of space 'ee-mbv2'"):
         pin_knobs(space, {"bits": 8})
+
+
+GIB = 2**30
+
+
+def _spec_file(root, tmp_path, edit):
+    data = yaml.safe_load((root / "search_spaces" / "ee-mbv2.yaml").read_text())
+    edit(data)
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_space_too_large_to_train_here_is_refused_at_load(root, tmp_path, monkeypatch):
+    import nasctl.spaces.mbv2 as mbv2
+
+    monkeypatch.setattr(mbv2, "machine_memory", lambda: 16 * GIB)
+    path = _spec_file(root, tmp_path, lambda d: d["stages"][2].update(channels=[48, 100000]))
+    with pytest.raises(ConfigError) as info:
+        load_space(str(path))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: stages.2.channels: 100000 makes the largest architecture 240,074,432,030 "
+                              "parameters, 3,577 GiB to train")
+    assert "more than this machine's 16 GiB of memory; allowed on this machine: up to " in message
+    allowed = int(message.split("up to ")[1].split()[0])
+    # the bound it gives is the largest that loads
+    fits = _spec_file(root, tmp_path, lambda d: d["stages"][2].update(channels=[48, allowed]))
+    assert load_space(str(fits))
+    too_big = _spec_file(root, tmp_path, lambda d: d["stages"][2].update(channels=[48, allowed + 1]))
+    with pytest.raises(ConfigError, match="stages.2.channels"):
+        load_space(str(too_big))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["stem"].update(channels=10**6), "stem.channels: 1000000 makes the largest architecture"),
+    (lambda d: d["stages"][0].update(expand=[1, 10**6]), "stages.0.expand: 1000000 makes"),
+    (lambda d: d["stages"][1].update(depth=[1, 100]), "stages.1.depth: 100 is too large; allowed: 1 … 64"),
+    (lambda d: d["stages"][1].update(kernel=[3, 33]), "stages.1.kernel: 33 is too large; allowed: 1 … 31"),
+    (lambda d: d["stages"][1].update(stride=16), "stages.1.stride: Input should be less than or equal to 8"),
+])
+def test_oversized_knobs_name_their_key(root, tmp_path, monkeypatch, edit, message):
+    import nasctl.spaces.mbv2 as mbv2
+
+    monkeypatch.setattr(mbv2, "machine_memory", lambda: 16 * GIB)
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_space(str(_spec_file(root, tmp_path, edit)))
+
+
+def test_activations_of_the_largest_architecture_must_fit_at_the_dataset_input(space):
+    space.check_fits((1, 8, 8), 10, 64, memory=1 * GIB)
+    space.check_fits((3, 32, 32), 10, 64, memory=2 * GIB)
+    with pytest.raises(ConfigError) as info:
+        space.check_fits((3, 1024, 1024), 10, 64, memory=16 * GIB)
+    message = str(info.value)
+    assert message.startswith("search space 'ee-mbv2': its largest architecture needs ")
+    assert "of activations for a batch of 64 at input 3x1024x1024" in message
+    assert "more than this machine's 16 GiB of memory; most of them in stages.0 (s1: channels up to 24, " \
+           "expand up to 6): lower those, or the batch size" in message
