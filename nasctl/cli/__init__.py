@@ -86,7 +86,8 @@ def _fail(message: str, code: int):
 
 app = typer.Typer(cls=NasctlGroup, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_show_locals=False,
-                  help="Hardware-aware neural architecture search.")
+                  help="Hardware-aware neural architecture search. "
+                       "Python warnings of the libraries it drives are hidden; NASCTL_WARNINGS=1 shows them.")
 
 
 def _version(value: bool):
