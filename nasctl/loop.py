@@ -149,11 +149,11 @@ def search_loop(space: SearchSpace, strategy, trials: Trials, evaluate: Callable
         archs = [space.validate(a) for a in strategy.ask(n)]
         if not archs and not (ready and passed_over):
             break
-        new = [a for a in archs if (k := arch_key(a)) not in seen and k not in failed and k not in unpriced]
-        candidates = new
+        keys = [arch_key(a) for a in archs]
+        new = {k: a for k, a in zip(keys, archs) if k not in seen and k not in failed and k not in unpriced}
+        candidates = dict(new)
         if ready:
-            keys = {arch_key(a) for a in new}
-            candidates = new + [a for k, a in passed_over.items() if k not in keys and k not in seen]
+            candidates.update((k, a) for k, a in passed_over.items() if k not in candidates and k not in seen)
         screening = None
         if ready and candidates:
             screening = _screen(surrogate, price, candidates, seen, objectives, constraints,
@@ -162,10 +162,9 @@ def search_loop(space: SearchSpace, strategy, trials: Trials, evaluate: Callable
             unpriced.update(screening.unpriced)
             stats.unpriced_screened.update(screening.unpriced.values())
         skipped = screening.skipped if screening else {}
-        passed_over = {arch_key(a): a for a in candidates if arch_key(a) in skipped}
+        passed_over = {k: a for k, a in candidates.items() if k in skipped}
         evaluated = 0
-        for arch in candidates:
-            key = arch_key(arch)
+        for key, arch in candidates.items():
             if key in skipped or key in unpriced or trials.n_claimed() >= budget:
                 continue
             trial = trials.start(arch, key)
@@ -202,12 +201,12 @@ def search_loop(space: SearchSpace, strategy, trials: Trials, evaluate: Callable
                           "kendall_tau": batch_tau(batch), "kendall_tau_so_far": batch_tau(screened),
                           "fit_s": screening.fit_s})
         if archs:
-            tell(strategy, archs, {**skipped, **seen}, objectives, constraints)
+            tell(strategy, archs, [seen.get(k) or skipped.get(k) for k in keys], objectives, constraints)
         stalled = 0 if evaluated else stalled + 1
     return stats
 
 
-def _screen(surrogate, price, candidates: list[dict], seen: dict, objectives: Sequence[str],
+def _screen(surrogate, price, candidates: dict[str, dict], seen: dict, objectives: Sequence[str],
             constraints: Sequence[Constraint], n_pick: int) -> _Screening:
     """Refit the surrogate and split the candidates it can price into the `n_pick` to
     evaluate for real and the others, with their predicted rows."""
@@ -217,11 +216,11 @@ def _screen(surrogate, price, candidates: list[dict], seen: dict, objectives: Se
     surrogate.refit(list(seen.values()))
     fit_s = round(time.perf_counter() - t0, 3)
     rows, unpriced = {}, {}
-    for arch, (accuracy, rates) in zip(candidates, surrogate.predict(candidates)):
+    for (key, arch), (accuracy, rates) in zip(candidates.items(), surrogate.predict(list(candidates.values()))):
         try:
-            rows[arch_key(arch)] = price(arch, accuracy, rates)
+            rows[key] = price(arch, accuracy, rates)
         except Unpriced as e:
-            unpriced[arch_key(arch)] = failure_kind(e)
+            unpriced[key] = failure_kind(e)
     keys = list(rows)
     pick = choose([rows[k] for k in keys], list(seen.values()), objectives,
                   [sum(max(c.violation(rows[k]), 0.0) for c in constraints) for k in keys], n_pick)
@@ -229,11 +228,10 @@ def _screen(surrogate, price, candidates: list[dict], seen: dict, objectives: Se
     return _Screening(chosen, {k: r for k, r in rows.items() if k not in chosen}, unpriced, len(seen), fit_s)
 
 
-def tell(strategy, archs: list[dict], known: dict, objectives: Sequence[str],
+def tell(strategy, archs: list[dict], rows: list[dict | None], objectives: Sequence[str],
          constraints: Sequence[Constraint]) -> None:
-    """Report results; an architecture without a row (failed, or not priced) gets the
+    """Report each architecture's row; one without a row (failed, or not priced) gets the
     worst values."""
-    rows = [known.get(arch_key(a)) for a in archs]
     F = np.full((len(archs), len(objectives)), FAILED_PENALTY)
     G = np.ones((len(archs), len(constraints)))
     ok = [i for i, r in enumerate(rows) if r is not None]

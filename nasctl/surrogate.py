@@ -27,6 +27,7 @@ from .errors import UsageError
 from .objectives import minimisation_matrix
 from .spaces.base import Arch, SearchSpace
 from .store import append_csv, cell
+from .strategies.base import one_thread
 
 # Least warm-up (real evaluations before the first fit) and batch (real evaluations per refit).
 MIN_WARMUP, MIN_BATCH = 10, 5
@@ -113,6 +114,7 @@ class Surrogate:
         at least one, at most a batch."""
         return min(self.batch, max(1, math.ceil(candidates / screen)))
 
+    @one_thread
     def refit(self, rows: Sequence[dict]) -> None:
         """Fit the targets on these finished trials (`arch` key, target columns); then
         `predict(archs)` gives each one's accuracy and exit rates."""
@@ -124,6 +126,7 @@ class Surrogate:
         self._outcomes = Outcomes(self.space, predictor, self.targets)
         self.refits += 1
 
+    @one_thread
     def predict(self, archs: Sequence[Arch]) -> list[tuple[float, list[float]]]:
         """Each architecture's (optimistic) accuracy and exit rates, by the last refit."""
         return self._outcomes(archs, self.optimism)

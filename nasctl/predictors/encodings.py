@@ -171,11 +171,22 @@ def check(space: SearchSpace, kind: str, accepted: Sequence[str], model: str) ->
                          f"allowed: {', '.join(offered)}")
 
 
+# Graph features of cells encoded before, per cell shape and encoding: a search screening
+# thousands of candidates per refit encodes the same cells again at every refit.
+_CELL_FEATURES: dict[tuple, dict[tuple, np.ndarray]] = {}
+
+
 def encode(space: SearchSpace, archs: Sequence[Arch], kind: str) -> np.ndarray:
     """Feature matrix (len(archs) × features) of a vector encoding."""
     if kind in ("onehot", "ordinal"):
         rows = [space.encode(a, kind) for a in archs]
     else:
         cell = cell_graph(space)
-        rows = [getattr(cell, kind)(a) for a in archs]
+        cache = _CELL_FEATURES.setdefault((cell.nodes, tuple(cell.edges), tuple(cell.choices), kind), {})
+        rows = []
+        for a in archs:
+            ops = tuple(a[k] for k in cell.knobs)
+            if ops not in cache:
+                cache[ops] = getattr(cell, kind)(a)
+            rows.append(cache[ops])
     return np.array(rows, dtype=float).reshape(len(archs), -1)
