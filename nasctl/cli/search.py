@@ -138,11 +138,14 @@ def search(
         return print_json({"run_dir": str(result.run_dir), "front": result.front,
                            "objectives": cfg.objectives,
                            "constraints": [str(c) for c in result.constraints],
-                           "timings": result.timings, "unused_budget": result.unused_budget})
+                           "timings": result.timings, "unused_budget": result.unused_budget,
+                           "failed": result.failed, "notes": result.notes})
     out.print(_front_table(result.front, cfg.objectives))
     out.print(f"{len(result.trials)} candidates evaluated in {result.timings['total_s']:.0f} s; "
               f"{len(result.front)} on the Pareto front.")
     out.print(f"Run folder: {result.run_dir}")
+    for note in result.notes:
+        err.print(f"note: {note}", highlight=False, markup=False)
     if result.unused_budget > 0:
         err.print(f"note: {result.unused_budget} of the budget's {cfg.budget} trials unused: strategy "
                   f"'{cfg.strategy}' proposed nothing new", highlight=False)
