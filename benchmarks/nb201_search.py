@@ -50,6 +50,7 @@ from nasctl.predictors import PREDICTORS
 from nasctl.spaces.base import arch_key
 from nasctl.spaces.loader import load_space
 from nasctl.strategies import STRATEGIES
+from nasctl.strategies.auto import AUTO, choose as choose_auto
 from nasctl.surrogate import Surrogate
 from nb201_data import DEFAULT_DATA
 
@@ -172,7 +173,8 @@ def main() -> None:
                     help="folder holding nb201_acc.csv and hwnasbench_nb201.csv")
     ap.add_argument("--fronts", default="all", help="tuning, held-out, all, or comma-separated ACC:COST[@HOLES]")
     ap.add_argument("--strategies", default=",".join([*(n for n in STRATEGIES.names() if n not in SLOW), *SCREENED]),
-                    help=f"comma-separated strategy names, NAME+KIND for NAME screened by a surrogate of "
+                    help=f"comma-separated strategy names ('{AUTO}': what nasctl search --strategy auto "
+                         f"runs at each budget), NAME+KIND for NAME screened by a surrogate of "
                          f"predictor model KIND, NAME+KIND:N with N proposals per query (default: every "
                          f"strategy but {', '.join(SLOW)}, and {', '.join(SCREENED)})")
     ap.add_argument("--budgets", default="300", help="comma-separated numbers of table queries")
@@ -187,8 +189,15 @@ def main() -> None:
         if not (args.data / name).is_file():
             raise SystemExit(f"error: {args.data / name} not found; pass --data DIR or set NASCTL_NB201_DIR")
     strategies = args.strategies.split(",")
-    screens = {}
+    budgets = [int(b) for b in args.budgets.split(",")]
+    screens = {}  # (strategy spec, budget) -> (NAME[+KIND], N)
     for spec in strategies:
+        if spec == AUTO:  # what `nasctl search --strategy auto` runs at each budget
+            for b in budgets:
+                choice = choose_auto(b)
+                screens[spec, b] = (f"{choice.strategy}+{choice.surrogate}" if choice.surrogate else choice.strategy,
+                                    choice.screen)
+            continue
         name, _, screen = spec.partition(":")
         strategy, _, kind = name.partition("+")
         STRATEGIES.get(strategy)  # an unknown name fails here, naming the allowed ones
@@ -197,12 +206,12 @@ def main() -> None:
         if screen and not (kind and screen.isdigit() and int(screen) >= 2):
             raise SystemExit(f"error: '{spec}': N in NAME+KIND:N is a whole number of at least 2, "
                              "after a surrogate KIND")
-        screens[spec] = (name, int(screen or args.screen))
+        for b in budgets:
+            screens[spec, b] = (name, int(screen or args.screen))
     fronts = {"tuning": list(TUNING), "held-out": list(HELD_OUT), "all": [*TUNING, *HELD_OUT]}.get(
         args.fronts) or args.fronts.split(",")
     for f in fronts:
         parse_front(f)
-    budgets = [int(b) for b in args.budgets.split(",")]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
 
     print(f"NB201 search through nasctl's search loop: hypervolume of all queried architectures / true "
@@ -212,7 +221,7 @@ def main() -> None:
         front = Front(args.data, f)
         print(f"  {f:<28} {'(held out)' if f in HELD_OUT else '(tuning)  ' if f in TUNING else '          '}"
               f" true front {front.front_size} points, {front.holes} cells without a cost")
-    tasks = [(args.data, f, screens[s][0], b, seed, screens[s][1])
+    tasks = [(args.data, f, screens[s, b][0], b, seed, screens[s, b][1])
              for s in strategies for f in fronts for b in budgets for seed in seeds]
     with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else _Serial() as pool:
         results = dict(zip(tasks, pool.map(score, *zip(*tasks))))
@@ -220,7 +229,7 @@ def main() -> None:
         args.json.write_text(json.dumps([{"front": t[1], "strategy": s, "budget": t[3], "seed": t[4],
                                           "hv": r[0], "seconds": r[1], "queries": r[2]}
                                          for s in strategies for t, r in results.items()
-                                         if (t[2], t[5]) == screens[s]], indent=1))
+                                         if (t[2], t[5]) == screens[s, t[3]]], indent=1))
 
     means = {}
     for b in budgets:
@@ -231,7 +240,7 @@ def main() -> None:
         for s in strategies:
             cells, secs = [], []
             for f in fronts:
-                runs = [results[args.data, f, screens[s][0], b, seed, screens[s][1]] for seed in seeds]
+                runs = [results[args.data, f, screens[s, b][0], b, seed, screens[s, b][1]] for seed in seeds]
                 hv = np.array([r[0] for r in runs])
                 means[s, f, b] = hv.mean()
                 secs += [r[1] for r in runs]

@@ -36,7 +36,7 @@ class SearchConfig(BaseModel):
     device: str = "edge-quad"
     dataset: str = "digits"
     accuracy: str = "proxy"
-    strategy: str = "nsga2"
+    strategy: str = "auto"  # see nasctl.strategies.auto
     objectives: Optional[list[str]] = None  # default: accuracy and edp, or latency_ms where energy is not
                                             # modelled; and area_mm2 with co_search
     budget: int = Field(default=40, ge=1)
@@ -64,7 +64,8 @@ class SearchConfig(BaseModel):
     threads: Optional[int] = Field(default=None, ge=1)  # torch CPU threads per training (default: see
                                                         # nasctl.engine.train_threads)
     surrogate: Optional[str] = None  # a predictor model kind screening the proposals
-    screen: int = Field(default=5, ge=2)  # candidates proposed per real evaluation with a surrogate
+    screen: Optional[int] = Field(default=None, ge=2)  # candidates proposed per real evaluation with a
+                                                       # surrogate (default: 5; strategy auto: its own)
 
     @field_validator("seed")
     @classmethod

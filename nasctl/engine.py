@@ -32,12 +32,15 @@ from .spaces.loader import load_space
 from .spaces.pinned import pin_knobs
 from .store import RunStore, TrialStore, open_storage
 from .strategies import STRATEGIES
+from .strategies.auto import AUTO, choose as choose_auto
 from .loop import Unpriced, search_loop, summarise_failures
 from .surrogate import Outcomes, Surrogate, log_refit
 from .tables import ArchTable, MissingEntry, is_table
 
 # `--accuracy predictor:NAME`: accuracy (and exit rates) from a saved predictor.
 PREDICTOR_PREFIX = "predictor:"
+# Candidates proposed per real evaluation with --surrogate, unless --screen says.
+DEFAULT_SCREEN = 5
 
 
 @dataclass
@@ -294,6 +297,7 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
     candidate this process evaluates."""
     t_start = time.perf_counter()
     notes = []
+    cfg, auto = resolve_strategy(cfg)
     n_workers, why = worker_cap(cfg)
     if n_workers < cfg.workers:
         notes.append(f"--workers {cfg.workers} capped at {n_workers}: {why}")
@@ -311,7 +315,7 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
     else:
         run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{evaluator.space.name}-{cfg.strategy}-s{cfg.seed}"
         store = RunStore.create(run_dir, run_id, evaluator.columns)
-        store.write_config({**cfg.model_dump(), "resolved": evaluator.resolved()})
+        store.write_config({**cfg.model_dump(), "resolved": {**evaluator.resolved(), **auto}})
     trials = TrialStore(storage_url(cfg, store.path), study_name(cfg, store.path), directions(cfg),
                         evaluator.space, cfg.seed, objectives=cfg.objectives)
     index = trials.register(cfg.model_dump(), resume)
@@ -388,6 +392,18 @@ def worker_cap(cfg: SearchConfig) -> tuple[int, str]:
         cap, why = fit, (f"{free / 2**30:.1f} GiB of available memory holds {fit} "
                          f"(about {WORKER_BYTES // 2**20} MB each, half the memory kept free)")
     return cap, why
+
+
+def resolve_strategy(cfg: SearchConfig) -> tuple[SearchConfig, dict]:
+    """The settings with `strategy: auto` replaced by what it chooses (and the default
+    `screen` filled in), and the choice for config.yaml's `resolved` section."""
+    if cfg.strategy != AUTO:
+        if cfg.strategy not in STRATEGIES:
+            raise UsageError(f"unknown strategy '{cfg.strategy}'; allowed: {AUTO}, {', '.join(STRATEGIES.names())}")
+        return cfg.model_copy(update={"screen": cfg.screen or DEFAULT_SCREEN}), {}
+    choice = choose_auto(cfg.budget, cfg.surrogate, cfg.screen)
+    cfg = cfg.model_copy(update={"strategy": choice.strategy, "surrogate": choice.surrogate, "screen": choice.screen})
+    return cfg, {"strategy_auto": choice.why}
 
 
 def _worker(cfg_dump: dict, run_dir: str) -> None:

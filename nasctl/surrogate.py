@@ -94,10 +94,15 @@ class Surrogate:
     def __init__(self, kind: str, space: SearchSpace, seed: int, budget: int, optimism: float = 0.5):
         self.kind, self.space, self.seed, self.optimism = kind, space, seed, optimism
         self.warmup = max(MIN_WARMUP, round(budget / 6))
-        self.batch = max(MIN_BATCH, round(budget / 12))
+        self.batch = self.batch_size(budget)
         self.targets = outcome_targets(space)
         self._outcomes: Outcomes | None = None
         self.refits = 0
+
+    @staticmethod
+    def batch_size(budget: int) -> int:
+        """Real evaluations between two refits, for a search of `budget` of them."""
+        return max(MIN_BATCH, round(budget / 12))
 
     def ready(self, n_trials: int) -> bool:
         return n_trials >= self.warmup

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ..config import SearchConfig, make_config
 from ..objectives import objectives_help
+from ..strategies import STRATEGIES
 from .render import err, out, print_json
 
 
@@ -23,7 +24,10 @@ def search(
     device: Annotated[Optional[str], typer.Option(help=f"Device name or YAML path. {_d('device')}")] = None,
     dataset: Annotated[Optional[str], typer.Option(
         help=f"'digits', a CIFAR-10 python-batches folder or an .npz file. {_d('dataset')}")] = None,
-    strategy: Annotated[Optional[str], typer.Option(help=f"Search strategy. {_d('strategy')}")] = None,
+    strategy: Annotated[Optional[str], typer.Option(
+        help="Search strategy: auto (what the search benchmark shows best for the budget: random proposals "
+             "screened by a GP surrogate, 600 per real evaluation; tpe under 20 trials) or one of "
+             f"{', '.join(STRATEGIES.names())}. {_d('strategy')}")] = None,
     objectives: Annotated[Optional[str], typer.Option(
         help=f"Comma-separated metrics to optimise: {objectives_help()}. "
              "[default: accuracy,edp; accuracy,latency_ms on devices that model latency only; "
@@ -68,7 +72,8 @@ def search(
         help="Screen proposals with an accuracy predictor of this model kind (see `nasctl predictor models`), "
              "refit every generation on the trials so far; only the most promising get real evaluation.")] = None,
     screen: Annotated[Optional[int], typer.Option(
-        help=f"With --surrogate: candidates proposed per real evaluation. {_d('screen')}")] = None,
+        help="With --surrogate: candidates proposed per real evaluation. [default: 5; with --strategy auto, "
+             "600, fewer where a refit would screen over 15,000]")] = None,
     exit_policy: Annotated[Optional[str], typer.Option(
         help=f"Early-exit confidence: max-softmax or entropy. {_d('exit_policy')}")] = None,
     exit_tolerance: Annotated[Optional[float], typer.Option(
