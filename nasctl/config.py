@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 from .objectives import check_objectives
@@ -31,6 +31,20 @@ DEFAULT_DROP = 1.0  # max_accuracy_drop's default, accuracy points
 
 class SearchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # The files `space` and `device` name, resolved once per search (see `path`).
+    _paths: dict = PrivateAttr(default_factory=dict)
+
+    def path(self, what: str):
+        """The file setting `what` ('space' or 'device') names: resolved on first use and
+        kept, so a search reads the same files throughout (None: a latency table)."""
+        if what not in self._paths:
+            from . import workspace
+
+            if what == "device":
+                self._paths[what] = None if is_table(self.device) else workspace.find("hardware", self.device, "device")
+            else:
+                self._paths[what] = workspace.find("search_spaces", self.space, "search space")
+        return self._paths[what]
 
     space: str = "ee-mbv2"
     device: str = "edge-quad"
@@ -174,13 +188,13 @@ def make_config(file_values: dict | None = None, source: str = "setting", **flag
             raise ConfigError(f"--{str(key).replace('_', '-')} {shown}: {problem(first)}") from None
         raise ConfigError(f"{source}: {validation_message(e)}") from None
     if cfg.objectives is None:
-        cfg.objectives = ["accuracy", "edp"] if _models_energy(cfg.device) else ["accuracy", "latency_ms"]
+        cfg.objectives = ["accuracy", "edp"] if _models_energy(cfg) else ["accuracy", "latency_ms"]
         if cfg.co_search:
             cfg.objectives.append("area_mm2")
     return cfg
 
 
-def _models_energy(device: str) -> bool:
+def _models_energy(cfg: SearchConfig) -> bool:
     from .hardware.loader import load_device
 
-    return not is_table(device) and load_device(device).models_energy
+    return not is_table(cfg.device) and load_device(cfg.path("device")).models_energy

@@ -20,7 +20,6 @@ from typing import Callable
 
 import numpy as np
 
-from . import workspace
 from .config import SearchConfig
 from .errors import Interrupted, UsageError, WorkFailed
 from .hardware.base import dynamic_efficiency, exit_overhead, expected_cost
@@ -84,8 +83,8 @@ class Evaluator:
 
     def __init__(self, cfg: SearchConfig):
         self.cfg = cfg
-        self.device = None if is_table(cfg.device) else load_device(cfg.device)
-        space = load_space(cfg.space)
+        self.device = None if is_table(cfg.device) else load_device(cfg.path("device"))
+        space = load_space(cfg.path("space"))
         self.space = pin_knobs(co_search(space, self.device, cfg.device) if cfg.co_search else space, cfg.pin)
         self.net_space = space if cfg.co_search else self.space  # the knobs accuracy depends on
         self._outcomes: dict[str, tuple[float, list[float]]] = {}
@@ -187,8 +186,8 @@ class Evaluator:
     def resolved(self) -> dict:
         out: dict = {"input_shape": list(self.input_shape), "classes": self.classes}
         if self.device is not None:
-            out["device"] = str(workspace.find("hardware", self.cfg.device, "device"))
-        out["space"] = str(workspace.find("search_spaces", self.cfg.space, "search space"))
+            out["device"] = str(self.cfg.path("device"))
+        out["space"] = str(self.cfg.path("space"))
         if self.min_accuracy is not None:
             out["min_accuracy"] = self.min_accuracy
         if self.dataset is not None:
@@ -325,7 +324,8 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
     if on_start:
         on_start(cfg.budget, trials.n_claimed())
     workers = [multiprocessing.get_context("spawn").Process(
-        target=_worker, args=(cfg.model_dump(), str(store.path)), daemon=True) for _ in range(1, cfg.workers)]
+        target=_worker, args=(cfg.model_dump(), str(store.path), _resolved_paths(cfg)), daemon=True)
+        for _ in range(1, cfg.workers)]
     for w in workers:
         w.start()
     try:
@@ -406,9 +406,15 @@ def resolve_strategy(cfg: SearchConfig) -> tuple[SearchConfig, dict]:
     return cfg, {"strategy_auto": choice.why}
 
 
-def _worker(cfg_dump: dict, run_dir: str) -> None:
-    """A local worker process: the same search on the same study, its strategy seeded apart."""
+def _resolved_paths(cfg: SearchConfig) -> dict:
+    return {what: cfg.path(what) for what in ("space", "device")}
+
+
+def _worker(cfg_dump: dict, run_dir: str, paths: dict) -> None:
+    """A local worker process: the same search on the same study (the same files), its
+    strategy seeded apart."""
     cfg = SearchConfig(**cfg_dump)
+    cfg._paths.update(paths)
     evaluator = Evaluator(cfg)
     path = Path(run_dir)
     trials = TrialStore(storage_url(cfg, path), study_name(cfg, path), directions(cfg), evaluator.space, cfg.seed,

@@ -135,3 +135,21 @@ def test_workers_are_capped_at_what_memory_holds(monkeypatch):
     cap, why = engine.worker_cap(make_config(workers=16, budget=100))
     assert cap == 2**30 // engine.WORKER_BYTES == 3
     assert why.startswith("2.0 GiB of available memory holds 3")
+
+
+def test_a_search_resolves_each_name_to_its_file_once(tmp_path, monkeypatch):
+    from nasctl import workspace
+
+    calls = []
+    real = workspace.find
+
+    def find(folder, name, what):
+        calls.append((folder, name))
+        return real(folder, name, what)
+
+    monkeypatch.setattr(workspace, "find", find)
+    result = runner.invoke(app, ["search", "--budget", "2", "--epochs", "1", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    # looked up by name once each; later reads go to the file found (a path, not a name)
+    names = [c for c in calls if c[0] in ("search_spaces", "hardware") and isinstance(c[1], str)]
+    assert sorted(names) == [("hardware", "edge-quad"), ("search_spaces", "ee-mbv2")]
