@@ -8,14 +8,7 @@
 
 from __future__ import annotations
 
-from ..registry import Registry
-
-PREDICTORS = Registry("predictor model")
-PREDICTORS.register("ridge", "nasctl.predictors.ridge:RidgePredictor")
-PREDICTORS.register("gbt", "nasctl.predictors.gbt:GBTPredictor")
-PREDICTORS.register("gp", "nasctl.predictors.gp:GPPredictor")
-PREDICTORS.register("mlp", "nasctl.predictors.torch_models:MLPEnsemble")
-PREDICTORS.register("gcn", "nasctl.predictors.torch_models:GCNEnsemble")
+from .kinds import PREDICTORS
 
 
 def make_predictor(kind: str, space, **options):

@@ -61,7 +61,7 @@ def load(name: str, space=None) -> Predictor:
     import json
 
     from ..spaces.loader import load_space
-    from . import PREDICTORS
+    from .kinds import PREDICTORS
 
     folder = find(name)
     card = read_card(folder)
