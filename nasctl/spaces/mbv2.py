@@ -59,6 +59,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _positive(v: Choice) -> Choice:
+    """A knob's choices, checked: one positive integer or a non-empty list of them."""
+    values = _choices(v)
+    if not values or any(x <= 0 for x in values):
+        raise ValueError("must be a positive integer or a non-empty list of them")
+    return v
+
+
 class StemSpec(_Strict):
     channels: int = Field(gt=0)
     kernel: int = Field(default=3, gt=0, le=MAXIMA["kernel"])
@@ -72,13 +80,7 @@ class StageSpec(_Strict):
     kernel: Choice = 3
     stride: int = Field(default=1, gt=0, le=MAXIMA["stride"])
 
-    @field_validator("depth", "channels", "expand", "kernel")
-    @classmethod
-    def _positive(cls, v: Choice) -> Choice:
-        values = _choices(v)
-        if not values or any(x <= 0 for x in values):
-            raise ValueError("must be a positive integer or a non-empty list of them")
-        return v
+    _positive = field_validator("depth", "channels", "expand", "kernel")(classmethod(lambda cls, v: _positive(v)))
 
     _depth_limit = _at_most("depth")
     _kernel_limit = _at_most("kernel")
@@ -100,13 +102,7 @@ class ExitSpec(_Strict):
     width: Choice = 32
     tolerance: Optional[Union[float, list[float]]] = None  # accuracy points; a list is a knob
 
-    @field_validator("width")
-    @classmethod
-    def _width(cls, v: Choice) -> Choice:
-        values = _choices(v)
-        if not values or any(x <= 0 for x in values):
-            raise ValueError("must be a positive integer or a non-empty list of them")
-        return v
+    _width = field_validator("width")(classmethod(lambda cls, v: _positive(v)))
 
     @field_validator("tolerance")
     @classmethod
