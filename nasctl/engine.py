@@ -89,6 +89,7 @@ class Evaluator:
         self.net_space = space if cfg.co_search else self.space  # the knobs accuracy depends on
         self._outcomes: dict[str, tuple[float, list[float]]] = {}
         self._exit_accuracies: dict[str, list[float]] = {}  # trained networks: each active exit's own accuracy
+        self._costs: dict[str, dict] = {}  # key -> what pricing it gives whatever its exit rates (see `costs`)
         self.latency_table = ArchTable(cfg.device, self.space) if is_table(cfg.device) else None
         models_energy = self.device is not None and self.device.models_energy
         if not models_energy and {"energy_mj", "edp", "exit_overhead", "dynamic_efficiency"} & set(cfg.objectives):
@@ -237,27 +238,50 @@ class Evaluator:
         return (float(np.mean([res.accuracy for res in runs])),
                 np.mean([res.exit_rates for res in runs], axis=0).tolist())
 
-    def row(self, arch: dict, accuracy: float, rates: list[float], train_s: float) -> dict:
-        """The trials.csv row of `arch` given its accuracy and exit rates: costs on the
-        device (expected over the exits) or from the latency table."""
+    def costs(self, arch: dict) -> dict:
+        """What pricing `arch` gives whatever its exit rates: layer totals, per-exit path
+        costs (or the latency table's value); computed once per architecture and kept
+        (screening prices the same candidates at every refit).  `MissingEntry` or
+        `Unpriced` where it cannot be priced."""
         key = arch_key(arch)
+        if key in self._costs:
+            return self._costs[key]
         layers = self.space.to_layers(arch, self.input_shape, self.classes)
-        active = self.space.active_exits(arch)
-        overhead = efficiency = None
         device = self.device.derive(CoSearchSpace.split(arch)[1]) if self.cfg.co_search else self.device
+        out = {"params": sum(layer.params for layer in layers), "macs": sum(layer.macs for layer in layers),
+               "weight_kib": sum(layer.weight_bytes for layer in layers) / 1024,
+               **({"area_mm2": device.spec.area_mm2, "weight_capacity_kib": device.weight_capacity_bytes / 1024}
+                  if self.cfg.co_search else {})}
         if self.latency_table is not None:
-            latency, energy = self.latency_table.lookup(key), None
+            out["latency"] = self.latency_table.lookup(key)
         else:
             report = device.estimate(layers)
             if report.unsupported:
                 ops = ", ".join(f"{op} x{n}" for op, n in report.unsupported.items())
                 raise Unpriced(f"device '{device.name}' cannot price op(s) {ops}")
-            lat_path, en_path = report.exit_path_costs()
+            out["paths"] = report.exit_path_costs()
+            if out["paths"][1] is not None:
+                out["static"] = report.static_costs()
+                out["exit_energy"] = report.exit_path_costs(roles={"exit"})[1]
+        self._costs[key] = out
+        return out
+
+    def row(self, arch: dict, accuracy: float, rates: list[float], train_s: float) -> dict:
+        """The trials.csv row of `arch` given its accuracy and exit rates: costs on the
+        device (expected over the exits) or from the latency table."""
+        key = arch_key(arch)
+        costs = self.costs(arch)
+        active = self.space.active_exits(arch)
+        overhead = efficiency = energy = None
+        if self.latency_table is not None:
+            latency = costs["latency"]
+        else:
+            lat_path, en_path = costs["paths"]
             latency = expected_cost(lat_path, rates)
-            energy = expected_cost(en_path, rates) if en_path is not None else None
-            if energy is not None:
-                static_latency, static_energy = report.static_costs()
-                overhead = exit_overhead(report.exit_path_costs(roles={"exit"})[1], rates, static_energy)
+            if en_path is not None:
+                energy = expected_cost(en_path, rates)
+                static_latency, static_energy = costs["static"]
+                overhead = exit_overhead(costs["exit_energy"], rates, static_energy)
                 efficiency = dynamic_efficiency(latency * energy, static_latency * static_energy)
         exit_rates = dict.fromkeys(self.exits, 0.0)
         exit_rates.update(zip(active, rates))
@@ -265,10 +289,7 @@ class Evaluator:
         exit_accuracies = dict(zip(active, self._exit_accuracies.get(arch_key(net), [])))
         row = {"arch": key, "accuracy": accuracy, "latency_ms": latency, "energy_mj": energy,
                "edp": None if energy is None else latency * energy,
-               "params": sum(layer.params for layer in layers), "macs": sum(layer.macs for layer in layers),
-               "weight_kib": sum(layer.weight_bytes for layer in layers) / 1024,
-               **({"area_mm2": device.spec.area_mm2, "weight_capacity_kib": device.weight_capacity_bytes / 1024}
-                  if self.cfg.co_search else {}),
+               **{k: v for k, v in costs.items() if k not in ("latency", "paths", "static", "exit_energy")},
                **{f"exit_rate_{e}": p for e, p in exit_rates.items()},
                **{f"exit_acc_{e}": a for e, a in exit_accuracies.items()}, "exit_overhead": overhead,
                "dynamic_efficiency": efficiency, "train_s": train_s}
