@@ -181,3 +181,49 @@ def test_random_proposes_every_architecture_of_a_small_space_once():
     keys = {arch_key(a) for a in first + rest}
     assert len(first) == 10_000 and len(rest) == space.size() - 10_000 == len(keys) - 10_000
     assert strategy.ask(1) == []
+
+
+def drive_failing(name, space, seed, n_total, fails):
+    """As `drive`, but architectures for which `fails(idx)` holds are told as failed trials
+    are: the worst values (the search loop's FAILED_PENALTY) and every constraint violated."""
+    from nasctl.loop import FAILED_PENALTY
+
+    strategy = STRATEGIES.get(name)()
+    strategy.setup(space, 2, 0, seed=seed, budget=n_total)
+    proposed = []
+    while len(proposed) < n_total:
+        archs = strategy.ask(n_total - len(proposed))
+        proposed += archs
+        F = np.array([np.full(2, FAILED_PENALTY) if fails(space.to_indices(a)) else toy_objectives(space, a)
+                      for a in archs])
+        strategy.tell(archs, F, np.zeros((len(archs), 0)))
+    return proposed
+
+
+def test_rl_learns_not_to_propose_what_fails():
+    # a fifth of the space fails (say, a knob choice the device cannot run)
+    space = load_space("nb201")
+    fails = lambda idx: idx[0] == 1  # noqa: E731
+    proposed = drive_failing("rl", space, 0, 200, fails)
+    failed = np.array([fails(space.to_indices(a)) for a in proposed])
+    assert failed[-100:].mean() < 0.05  # uniform draws would hold 20%
+
+
+def test_rl_depends_only_on_the_order_of_the_objective_values():
+    """Rewards come from ranks: rescaling an objective or transforming it monotonically
+    (a latency in s instead of ms, its logarithm) leaves the search unchanged."""
+    space = load_space("nb201")
+
+    def run(transform):
+        strategy = STRATEGIES.get("rl")()
+        strategy.setup(space, 2, 0, seed=3, budget=80)
+        proposed = []
+        while len(proposed) < 80:
+            archs = strategy.ask(80 - len(proposed))
+            proposed += archs
+            F = np.array([toy_objectives(space, a) for a in archs])
+            strategy.tell(archs, transform(F), np.zeros((len(archs), 0)))
+        return proposed
+
+    plain = run(lambda F: F)
+    assert run(lambda F: np.column_stack([1e-3 * F[:, 0], np.exp(F[:, 1] / 10)])) == plain
