@@ -31,11 +31,10 @@ import numpy as np
 
 from .objectives import Constraint, minimisation_matrix
 from .spaces.base import SearchSpace, arch_key
+from .strategies.base import FAILED_PENALTY
 
 # How many rounds in a row a strategy may propose only candidates already evaluated.
 MAX_STALLED_ROUNDS = 50
-# Objective values told to a strategy for a candidate that failed or could not be priced.
-FAILED_PENALTY = 1e12
 
 
 class Unpriced(Exception):

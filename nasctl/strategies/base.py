@@ -14,6 +14,9 @@ from ..spaces.base import Arch, SearchSpace, arch_key
 
 # How many draws a strategy spends looking for an architecture it has not proposed yet.
 FRESH_TRIES = 100
+# Objective values a strategy is told for a candidate that failed or could not be priced
+# (nasctl.loop): worse than any real value.
+FAILED_PENALTY = 1e12
 
 
 class Strategy(ABC):

@@ -20,7 +20,7 @@ space: minus the largest amount by which some other evaluated architecture beats
 every objective (negative while it is dominated, positive when it moves the front);
 ranks make rewards independent of the objectives' scales, outliers and monotone
 transforms.  A child that violates a constraint scores below every feasible one, and a
-failed child (told the worst values, see `nasctl.loop.FAILED_PENALTY`) below those; failed
+failed child (told the worst values, see `strategies.base.FAILED_PENALTY`) below those; failed
 candidates are left out of the ranks, so they do not compress everyone else's.
 
 The update is PPO's clipped policy gradient, a few passes after every batch over every
@@ -38,10 +38,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..loop import FAILED_PENALTY
 from ..objectives import pareto_mask
 from ..spaces.base import Arch, arch_key
-from .base import Strategy, one_thread, violation
+from .base import FAILED_PENALTY, Strategy, one_thread, violation
 
 # Temperatures a proposal is drawn at, in turn, while the draws repeat earlier proposals.
 TEMPERATURES = (1.0, 2.0, 4.0, 1e9)

@@ -186,7 +186,7 @@ def test_random_proposes_every_architecture_of_a_small_space_once():
 def drive_failing(name, space, seed, n_total, fails):
     """As `drive`, but architectures for which `fails(idx)` holds are told as failed trials
     are: the worst values (the search loop's FAILED_PENALTY) and every constraint violated."""
-    from nasctl.loop import FAILED_PENALTY
+    from nasctl.strategies.base import FAILED_PENALTY
 
     strategy = STRATEGIES.get(name)()
     strategy.setup(space, 2, 0, seed=seed, budget=n_total)
