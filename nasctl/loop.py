@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -97,13 +97,6 @@ class MemoryTrials:
 
 
 @dataclass
-class LoopStats:
-    """What one loop did, beyond the trials it recorded."""
-    unpriced_screened: Counter = field(default_factory=Counter)  # reason -> screened candidates left out
-    refits: int = 0
-
-
-@dataclass
 class _Screening:
     chosen: dict[str, float]    # key -> predicted accuracy, of the candidates to evaluate
     skipped: dict[str, dict]    # key -> predicted trials.csv row, of the priced others
@@ -124,7 +117,7 @@ def search_loop(space: SearchSpace, strategy, trials: Trials, evaluate: Callable
                 price: Callable[[dict, float, list[float]], dict], *, objectives: Sequence[str],
                 constraints: Sequence[Constraint], budget: int, surrogate=None, screen: int = 5,
                 on_trial: Callable[[dict, int], None] | None = None,
-                on_refit: Callable[[dict], None] | None = None) -> LoopStats:
+                on_refit: Callable[[dict], None] | None = None) -> None:
     """Ask `strategy` for candidates until `trials` holds `budget` claimed trials (or the
     strategy has proposed nothing new for `MAX_STALLED_ROUNDS` rounds).  With a
     `surrogate.Surrogate`, after its warm-up the strategy proposes `screen` candidates per
@@ -133,7 +126,6 @@ def search_loop(space: SearchSpace, strategy, trials: Trials, evaluate: Callable
     each screening (one line of surrogate.csv)."""
     from .surrogate import batch_tau
 
-    stats = LoopStats()
     screened: list[tuple[float, float]] = []  # (real, predicted) accuracy of every screened-in trial
     # Candidates the surrogate passed over: reconsidered at every refit (strategies do not
     # propose an architecture twice, so they would otherwise be lost to the search).
@@ -157,9 +149,7 @@ def search_loop(space: SearchSpace, strategy, trials: Trials, evaluate: Callable
         if ready and candidates:
             screening = _screen(surrogate, price, candidates, seen, objectives, constraints,
                                 surrogate.n_real(len(candidates), screen))
-            stats.refits += 1
             unpriced.update(screening.unpriced)
-            stats.unpriced_screened.update(screening.unpriced.values())
         skipped = screening.skipped if screening else {}
         passed_over = {k: a for k, a in candidates.items() if k in skipped}
         evaluated = 0
@@ -202,7 +192,6 @@ def search_loop(space: SearchSpace, strategy, trials: Trials, evaluate: Callable
         if archs:
             tell(strategy, archs, [seen.get(k) or skipped.get(k) for k in keys], objectives, constraints)
         stalled = 0 if evaluated else stalled + 1
-    return stats
 
 
 def _screen(surrogate, price, candidates: dict[str, dict], seen: dict, objectives: Sequence[str],
