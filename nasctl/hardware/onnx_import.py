@@ -1,10 +1,14 @@
 """Import an ONNX model as the `LayerSpec`s a cost model prices.
 
 The model is parsed once (refused if its IR version or opset is newer than the installed
-onnx knows), its input shapes fixed (a dynamic dimension needs a shape from the caller,
-who may set only dynamic dims, and a static batch to 1), and its tensor shapes found by
-ONNX shape inference (strict mode; where that fails, lenient mode, and the failure is
-noted).  A conv whose weight does not take its input's channels, or a matrix product
+onnx knows), the values of its large weights dropped (only their shapes and types are
+read), its input shapes fixed (a dynamic dimension needs a shape from the caller, who may
+set only dynamic dims, and a static batch to 1), and its tensor shapes found by ONNX shape
+inference (strict mode; where that fails, lenient mode, and the failure is noted).  Shape
+computations inference cannot follow are folded to constants (rules here for the common
+ops, onnx's reference implementation for the others) and inference runs again; tensors
+still without a static shape get theirs from one run of the model with onnxruntime on a
+random input (noted), so that no layer is left unpriced for want of a shape.  A conv whose weight does not take its input's channels, or a matrix product
 whose inner dimensions differ, is refused naming the node: such a model cannot run.
 Then every node goes, in graph order, to the handler its op type names in a table
 (`HANDLERS`, which callers may extend or override:
@@ -25,6 +29,9 @@ What runtimes fuse is fused here too:
   - Nodes that compute only on constants (weights, shapes) cost nothing: runtimes fold
     them when they load the model.  QuantizeLinear/DequantizeLinear cost nothing either:
     they set the bit widths of the layers they feed.
+  - A quantized (QDQ) layer that onnxruntime does not fuse into an integer kernel is marked
+    `dequantized`: read from the graph onnxruntime optimizes the model into, where it can
+    load it, else from the graph's structure as its QDQ selectors read it.
 
 Tensors map to layers as channels x (H, W): rank 4 and up is NCHW (further dims folded
 into W), rank 3 and below is channels-last, [B, T, C] -> C x (T, 1).  Every input must
@@ -103,6 +110,7 @@ class Graph:
         self.types.update((init.name, init.data_type) for init in g.initializer)
         self.outputs = {o.name for o in g.output}
         self.nodes = nodes
+        self.names = {n.name for n in g.node if n.name}  # the model's own node names
         self.producer, self.consumers = _links(nodes)
         self.layers: list[LayerSpec] = []
         self.layer_of: dict[str, int] = {}  # tensor -> index of the layer that produces it
@@ -389,6 +397,9 @@ HANDLERS: dict[str, Handler] = {
         ("Sigmoid", "sigmoid"), ("Tanh", "tanh"), ("Gelu", "gelu"), ("LeakyRelu", "leakyrelu"),
         ("PRelu", "prelu"), ("Elu", "elu"), ("Selu", "selu"), ("Softplus", "softplus"), ("Mish", "mish"),
         ("Swish", "swish")]},
+    # onnxruntime's own activations, as its optimizer writes them into saved models.
+    **{f"com.microsoft.{op}": _activation(fn) for op, fn in [
+        ("Gelu", "gelu"), ("FastGelu", "gelu"), ("BiasGelu", "gelu"), ("QuickGelu", "swish")]},
     # Element-wise math outside the patterns above: stand-alone activations.
     **{op: _unary("act", op.lower()) for op in ("Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Erf", "Pow")},
     "Add": _binary("add", bias=True), "Sub": _binary("add", "sub"), "Mul": _binary("mul"),
@@ -396,7 +407,10 @@ HANDLERS: dict[str, Handler] = {
     "Concat": _concat, "Split": _split,
     "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
     "GlobalMaxPool": _pool("max", global_=True), "GlobalAveragePool": _pool("avg", global_=True),
-    "ReduceMean": _reduce("avg"), "ReduceMax": _reduce("max"),
+    # Reductions are pools over the reduced positions: sums and norms cost what a mean does.
+    **{op: _reduce("avg") for op in ("ReduceMean", "ReduceSum", "ReduceL1", "ReduceL2", "ReduceSumSquare",
+                                     "ReduceLogSum", "ReduceLogSumExp", "ReduceProd")},
+    "ReduceMax": _reduce("max"), "ReduceMin": _reduce("max"),
     "Resize": _resize, "Upsample": _resize, "Softmax": _unary("softmax"),
     **{op: _unary("data", op.lower()) for op in
        ("Transpose", "Gather", "Slice", "Pad", "Expand", "Tile", "Cast", "DepthToSpace", "SpaceToDepth")},
@@ -698,6 +712,78 @@ def _infer(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
         for node in replaced:
             model.graph.node.remove(node)
             model.graph.initializer.extend(numpy_helper.from_array(values[o], o) for o in node.output)
+        # Shapes left symbolic are inferred afresh (inference keeps what value_info says).
+        stale = [vi for vi in model.graph.value_info if known.get(vi.name) is None or vi.name in values]
+        for vi in stale:
+            model.graph.value_info.remove(vi)
+
+
+def _strip_weights(model: onnx.ModelProto) -> None:
+    """Drop the values of large initializers (their type and dims stay): nothing here reads
+    them, and shape inference copies the whole model each time it runs."""
+    for init in model.graph.initializer:
+        if prod(init.dims) > _SMALL:
+            for name in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+                init.ClearField(name)
+
+
+def _run_for_shapes(model: onnx.ModelProto, notes: list[str]) -> None:
+    """Where shape inference left tensors without a static shape (shapes computed in ways
+    it cannot follow), run the model once with onnxruntime on a random input, every such
+    tensor made an output, and take the shapes it produced.  Large weights, whose values
+    were dropped, run as zeros of their shape: shapes do not depend on them."""
+    from onnx import helper
+
+    known = _static_shapes(model)
+    g = model.graph
+    const = _constants(model, _nodes(model))
+    wanted = list(dict.fromkeys(o for n in g.node for o in n.output
+                                if o and known.get(o) is None and o not in const))
+    if not wanted:
+        return
+    import onnxruntime as ort
+
+    runnable = onnx.ModelProto()
+    runnable.CopyFrom(model)
+    rg = runnable.graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in (*g.value_info, *g.output)}
+    zeros, kept = [], []
+    for init in rg.initializer:
+        if prod(init.dims) > _SMALL or init.data_location == TensorProto.EXTERNAL:
+            dims = numpy_helper.from_array(np.array(list(init.dims), dtype=np.int64), f"{init.name}__dims")
+            kept.append(dims)
+            zero = helper.make_tensor("zero", init.data_type, [1], [0])
+            zeros.append(helper.make_node("ConstantOfShape", [dims.name], [init.name], value=zero))
+        else:
+            kept.append(init)
+    del rg.initializer[:]
+    rg.initializer.extend(kept)
+    nodes = list(rg.node)
+    del rg.node[:]
+    rg.node.extend(zeros + nodes)
+    outputs = {o.name for o in rg.output}
+    rg.output.extend(helper.make_tensor_value_info(name, types.get(name, 0) or TensorProto.FLOAT, None)
+                     for name in wanted if name not in outputs)
+    try:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        sess = ort.InferenceSession(runnable.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        from .measure.timing import random_feed
+
+        names = [o.name for o in sess.get_outputs()]
+        values = dict(zip(names, sess.run(None, random_feed(sess, np.random.default_rng(0)))))
+    except Exception as e:  # noqa: BLE001 - onnxruntime cannot run it: the shapes stay unknown
+        notes.append(f"{len(wanted)} tensors have no static shape after shape inference, and running the model "
+                     f"once to find them failed: {' '.join(str(e).split())[:200]}")
+        return
+    found = {n: np.shape(values[n]) for n in wanted if n in values}
+    for vi in [vi for vi in g.value_info if vi.name in found]:
+        g.value_info.remove(vi)
+    g.value_info.extend(helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(values[n].dtype), list(shape))
+                        for n, shape in found.items())
+    notes.append(f"shapes of {len(found)} tensors that shape inference could not find were read from one run of "
+                 f"the model with onnxruntime")
 
 
 def _static_shapes(model: onnx.ModelProto) -> dict[str, Optional[Shape]]:
@@ -713,6 +799,8 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, Optional[Shape]]:
 
 
 _SMALL = 4096  # elements: the most a folded shape computation may hold
+# Quantization nodes stay: they say which layers are quantized (and runtimes fuse them).
+_NEVER_FOLDED = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 
 
 def _fold(model: onnx.ModelProto, shapes: Mapping[str, Optional[Shape]]) -> dict[str, "np.ndarray"]:
@@ -729,25 +817,39 @@ def _fold(model: onnx.ModelProto, shapes: Mapping[str, Optional[Shape]]) -> dict
 
     get = onnx.helper.get_attribute_value
     for node in model.graph.node:
-        fold = _FOLD.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        if fold is None:
+        if node.domain not in ("", "ai.onnx") or node.op_type in _NEVER_FOLDED \
+                or any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute):
             continue
+        fold = _FOLD.get(node.op_type)
         if node.op_type in ("Shape", "Size"):
             if shapes.get(node.input[0]) is None:
                 continue
             args = [np.array(shapes[node.input[0]], dtype=np.int64)]
         else:
             args = [value(i) if i else None for i in node.input]
-            if any(a is None for a, i in zip(args, node.input) if i):
+            if any(a is None for a, i in zip(args, node.input) if i) or not any(node.input) and fold is None:
                 continue
-        attrs = {a.name: get(a) for a in node.attribute}
         try:
-            out = np.asarray(fold(attrs, *args))
-        except (ValueError, IndexError, TypeError, KeyError):
-            continue  # not foldable here: shape inference decides
-        if out.size <= _SMALL:
-            values[node.output[0]] = out
+            if fold is not None:
+                outs = [np.asarray(fold({a.name: get(a) for a in node.attribute}, *args))]
+            else:  # an op without a rule here: onnx's reference implementation of it
+                outs = [np.asarray(v) for v in _reference(node, args)]
+        except Exception:  # noqa: BLE001 - not foldable here (any error): shape inference decides
+            continue
+        for name, out in zip(node.output, outs):
+            if name and out.size <= _SMALL:
+                values[name] = out
     return {k: v for k, v in values.items() if k not in small}
+
+
+def _reference(node, args: Sequence[Optional[np.ndarray]]) -> list:
+    """The node's outputs on `args` by onnx's reference implementation (small tensors only)."""
+    from onnx.reference import ReferenceEvaluator
+
+    named = [(i, a) for i, a in zip(node.input, args) if i]
+    if any(a.size > _SMALL for _, a in named):
+        raise ValueError("too large to fold")
+    return ReferenceEvaluator(node).run(None, dict(named))
 
 
 def _axes(attrs: dict, axes) -> Optional[list[int]]:
@@ -843,10 +945,12 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     """
     path = Path(path)
     model = load_model(path)
+    _strip_weights(model)
     fixed = _fix_inputs(model, input_shapes or {}, path)
     count = len(model.graph.node)
     notes: list[str] = []
     model = _infer(model, notes)
+    _run_for_shapes(model, notes)
     table = HANDLERS if handlers is None else handlers
     nodes = _nodes(model)
     const = _constants(model, nodes)
@@ -876,21 +980,53 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     written: dict[int, list[str]] = {}  # layer -> the tensors it produces
     for name, i in g.layer_of.items():
         written.setdefault(i, []).append(name)
+    apart = _float_in_runtime(path) if any(n.op_type == "DequantizeLinear" for n in g.nodes) else None
     for i, node in enumerate(made_by):
-        if _runs_dequantized(g, i, node, written.get(i, [])):
+        if _quantized_kernel(g.layers[i]) and _runs_dequantized(g, i, node, written.get(i, []), apart):
             g.layers[i] = replace(g.layers[i], dequantized=True)
     return ImportResult(g.layers, unsupported, count, fixed, notes)
 
 
-def _runs_dequantized(g: Graph, i: int, node: Node, written: Sequence[str]) -> bool:
-    """Whether layer `i` (made from `node`, writing the tensors `written`, those of the
-    nodes fused into it included) is a QDQ group that runtimes cannot fuse into
-    one integer kernel: one of the quantized tensors it reads (out of a DequantizeLinear)
-    has other readers, or its output has another reader than one QuantizeLinear whose
-    values each reach one node.  Max pooling runs on the quantized values either way."""
+def _float_in_runtime(path: Path) -> Optional[set[tuple[str, str]]]:
+    """(name, op type) of the model's nodes that onnxruntime's CPU provider runs as they are -
+    not fused into an integer kernel or any other op - read from the graph it optimizes
+    the model into (QDQ fusion included, layout changes not); None where it cannot load it."""
+    import tempfile
+
+    try:
+        import onnxruntime as ort
+
+        with tempfile.TemporaryDirectory(prefix="nasctl-ort-") as tmp:
+            so = ort.SessionOptions()
+            so.log_severity_level = 3
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+            so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+            ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+            optimized = onnx.load(so.optimized_model_filepath, load_external_data=False)
+    except Exception:  # noqa: BLE001 - the runtime cannot load it: the graph's structure decides
+        return None
+    return {(n.name, n.op_type) for n in optimized.graph.node if n.name and n.domain in ("", "ai.onnx")}
+
+
+def _quantized_kernel(layer: LayerSpec) -> bool:
+    """Whether a layer computes on quantized values (max pooling runs on them either way)."""
+    return min(layer.w_bits, layer.a_bits) < 32 and layer.op != "data" and (layer.op, layer.fn) != ("pool", "max")
+
+
+def _runs_dequantized(g: Graph, i: int, node: Node, written: Sequence[str],
+                      apart: Optional[set[tuple[str, str]]] = None) -> bool:
+    """Whether quantized layer `i` (made from `node`, writing the tensors `written`, those
+    of the nodes fused into it included) is a QDQ group that the runtime does not fuse into
+    one integer kernel.  `apart`: the nodes onnxruntime runs as they are
+    (`_float_in_runtime`); the node's name among them decides.  Otherwise (or for a node
+    without a name of its own) the structure does, an approximation of onnxruntime's QDQ
+    selectors: one of the quantized tensors it reads (out of a DequantizeLinear) has other
+    readers, or its output has another reader than one QuantizeLinear whose values each
+    reach one node."""
     layer = g.layers[i]
-    if min(layer.w_bits, layer.a_bits) >= 32 or layer.op == "data" or (layer.op, layer.fn) == ("pool", "max"):
-        return False
+    original = node.members[0] if node.members else node
+    if apart is not None and original.name in g.names:
+        return (original.name, original.op_type) in apart
     data = [x for x in dict.fromkeys(node.inputs) if x and not g.is_const(x)]
     quantized = [x for x in data if (p := g.producer.get(x)) is not None and p.op_type == "DequantizeLinear"]
     if not quantized:

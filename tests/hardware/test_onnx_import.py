@@ -555,7 +555,57 @@ def test_malformed_models_fail_in_one_line_naming_what_is_wrong(tmp_path):
 def test_inconsistent_shapes_are_noted_and_what_cannot_be_shaped_is_counted(tmp_path):
     nodes = [node("Relu", ["x"], ["r"]), node("Add", ["r", "z"], ["y"])]
     result = import_onnx(save(tmp_path / "m.onnx", nodes, {"x": [1, 3], "z": [1, 4]}, ["y"]))
-    note, = result.notes
+    note, ran = result.notes
     assert note.startswith("shape inference (strict) failed, shapes taken leniently:") and "Add" in note
+    assert "running the model once to find them failed" in ran  # onnxruntime cannot run it either
     assert result.unsupported == Counter({"Add (shape unknown)": 1})
     assert [(l.op, l.fn) for l in result.layers] == [("act", "relu")]
+
+
+# --- shapes shape inference cannot find -----------------------------------------------
+
+def _ms_model(path, opsets):
+    """com.microsoft.Gelu (an op onnx's shape inference does not know) before a conv."""
+    nodes = [helper.make_node("Gelu", ["x"], ["g"], domain="com.microsoft", name="gelu"),
+             node("Conv", ["g", "w"], ["y"], pads=[1, 1, 1, 1]), node("Relu", ["y"], ["z"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [1, 8, 20, 20])],
+                              [helper.make_empty_tensor_value_info("z")], [weight("w", 16, 8, 3, 3)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+    model.ir_version = 9
+    onnx.save(model, path)
+    return path
+
+
+def test_shapes_inference_cannot_find_are_read_from_one_run_of_the_model(tmp_path):
+    result = import_onnx(_ms_model(tmp_path / "m.onnx", [("", 17), ("com.microsoft", 1)]))
+    assert not result.unsupported
+    assert [(l.op, l.fn, l.in_ch, l.out_ch, l.out_hw) for l in result.layers] == [
+        ("act", "gelu", 8, 8, (20, 20)), ("conv", "relu", 8, 16, (20, 20))]
+    assert any("read from one run of the model with onnxruntime" in n for n in result.notes)
+
+
+def test_shape_computations_without_a_folding_rule_fold_by_onnx_reference_ops(tmp_path):
+    # Reshape's target is Max(Shape(x), 1): no rule here and no data propagation in onnx
+    nodes = [node("Shape", ["x"], ["s"]), node("Max", ["s", "one"], ["t"]), node("Reshape", ["x", "t"], ["r"]),
+             node("Conv", ["r", "w"], ["y"])]
+    result = import_onnx(save(tmp_path / "m.onnx", nodes, {"x": [1, 8, 6, 6]}, ["y"],
+                              [const("one", [1, 1, 1, 1], np.int64), weight("w", 4, 8, 1, 1)]))
+    assert not result.unsupported and not result.notes  # found without running the model
+    assert [(l.op, l.in_ch, l.out_ch, l.out_hw) for l in result.layers] == [("conv", 8, 4, (6, 6))]
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceL2", "ReduceMax", "ReduceMin"])
+def test_reductions_are_pools_over_the_reduced_positions(tmp_path, op):
+    nodes = [node(op, ["x", "axes"], ["y"], keepdims=1)]
+    layer = only(layers_of(tmp_path, nodes, {"x": [1, 16, 8, 8]}, ["y"], [const("axes", [2, 3], np.int64)],
+                           opset=18))
+    assert (layer.op, layer.in_ch, layer.out_hw, layer.kernel) == ("pool", 16, (1, 1), (8, 8))
+    assert layer.fn == ("max" if op in ("ReduceMax", "ReduceMin") else "avg")
+
+
+def test_large_weights_import_without_their_values(tmp_path):
+    # the weights' values are never read: a weight of 4M values imports like a small one
+    nodes = [node("MatMul", ["x", "w"], ["y"])]
+    big = numpy_helper.from_array(np.zeros((2048, 2048), np.float32), "w")
+    layer = only(layers_of(tmp_path, nodes, {"x": [1, 4, 2048]}, ["y"], [big]))
+    assert (layer.op, layer.in_ch, layer.out_ch, layer.params) == ("linear", 2048, 2048, 2048 * 2048)
