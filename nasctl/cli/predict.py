@@ -38,9 +38,14 @@ def predict(
     not_priced = [{"op": op, "count": n,
                    "reason": "not imported" if op in imported.unsupported else f"{report.device} cannot price it"}
                   for op, n in sorted(report.unsupported.items())]
+    # The share of the model's nodes the totals cover: a node not imported, or imported into
+    # a layer the device cannot price, is not covered.
+    unpriced_nodes = sum(u["count"] for u in not_priced)
+    covered = max(0.0, 1.0 - unpriced_nodes / imported.nodes) if imported.nodes else 1.0
     if not_priced:
         listed = "; ".join(f"{u['op']} x{u['count']} ({u['reason']})" for u in not_priced)
-        typer.echo(f"warning: not priced, so the latency and energy totals exclude them: {listed}", err=True)
+        typer.echo(f"warning: not priced, so the latency and energy totals exclude them: {listed}; the totals "
+                   f"cover {covered:.0%} of the model's {imported.nodes} nodes", err=True)
 
     layers = [_layer_row(layer, cost) for layer, cost in zip(report.layers, report.costs)]
     energy = report.energy_mj if cost_model.models_energy else None
@@ -50,7 +55,7 @@ def predict(
            "macs": sum(layer.macs for layer in report.layers),
            "params": sum(layer.params for layer in report.layers),
            "weight_bytes": sum(layer.weight_bytes for layer in report.layers),
-           "layers": layers, "unsupported": not_priced}
+           "layers": layers, "unsupported": not_priced, "covered_nodes_share": covered}
     if as_json:
         return print_json(doc)
     if per_layer:
@@ -121,6 +126,7 @@ def _print_totals(doc: dict, models_energy: bool) -> None:
              f"  params        {doc['params']:,}",
              f"  weight bytes  {doc['weight_bytes']:,.0f}"]
     if doc["unsupported"]:
-        lines.append("  latency and energy exclude what was not priced (listed on stderr)")
+        lines.append(f"  latency and energy exclude what was not priced (listed on stderr): they cover "
+                     f"{doc['covered_nodes_share']:.0%} of the {doc['nodes']} nodes")
     for line in lines:
         out.print(line, markup=False, highlight=False, soft_wrap=True)

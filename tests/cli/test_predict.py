@@ -87,6 +87,8 @@ def test_json_totals_and_layers(tmp_path, per_mac):
     warning, = result.stderr.strip().splitlines()
     assert warning.startswith("warning: not priced, so the latency and energy totals exclude them")
     assert "softmax x1 (per-mac cannot price it)" in warning
+    # 1 of the 7 nodes (the softmax) is not priced
+    assert doc["covered_nodes_share"] == pytest.approx(6 / 7) and "cover 86% of the model's 7 nodes" in warning
 
 
 def test_text_totals_and_per_layer_table(tmp_path, per_mac):
