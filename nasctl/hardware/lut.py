@@ -11,7 +11,8 @@ Pricing a layer: a row with the layer's exact shape (`LayerSpec.shape_key`) give
 cost as stored; any other layer is priced by a regressor fitted (the first time the device
 needs it) to the rows of its kernel type (the op; convs split into dense and depthwise; quantized
 kernels apart from float ones, and those that run dequantized apart again - priced as
-fused ones where the table has none) on log-scale features - MACs, elements read and
+fused ones where the table has none, and bit widths the table has no kernels of at all
+as float kernels) on log-scale features - MACs, elements read and
 written, weights, channels, positions, kernel area, stride, groups, bit widths, channel
 alignment to vector blocks and the activation.  Predictions are of log latency, so
 prices are always positive.  The spec names each type's regressor (`regressors:`,
@@ -476,6 +477,11 @@ class LutDevice(CostModel):
             ktype = kernel_type(layer)
             if ktype not in self._rows and layer.dequantized:  # a table without such kernels: as if fused
                 ktype = kernel_type(replace(layer, dequantized=False))
+            if ktype not in self._rows and (layer.w_bits, layer.a_bits) != (32, 32):
+                # bit widths the table has no kernels of (e.g. float weights on quantized
+                # activations): the float kernel, which is what such a QDQ group runs
+                layer = replace(layer, w_bits=32, a_bits=32, dequantized=False)
+                ktype = kernel_type(layer)
             if ktype not in self._rows:
                 self._cache[key] = None
                 continue
