@@ -73,6 +73,7 @@ class FittedDevice:
     spec: dict[str, Any]
     rows: list[dict]
     report: dict[str, Any] = field(default_factory=dict)  # what the fit found, for the CLI
+    files: dict[str, Any] = field(default_factory=dict)   # further JSON documents to write beside the table
 
     def device(self) -> LutDevice:
         return LutDevice(LutSpec.model_validate({"name": self.name, **self.spec}), self.rows)
@@ -88,6 +89,8 @@ def write_device(folder: Path, fitted: FittedDevice) -> Path:
     spec_path = folder / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(fitted.spec, sort_keys=False, width=100), encoding="utf-8")
     LutDevice.from_dict({"name": fitted.name, **fitted.spec}, folder).save_regressors()
+    for name, doc in fitted.files.items():
+        (folder / name).write_text(json.dumps(doc), encoding="utf-8")
     return spec_path
 
 

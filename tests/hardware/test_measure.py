@@ -1,7 +1,10 @@
+import json
+
 import numpy as np
 import onnx
 import pytest
 
+from nasctl.errors import UsageError
 from nasctl.hardware.layers import LayerSpec
 from nasctl.hardware.lut import LUT_COLUMNS, LutDevice, kernel_type, layer_from_row, read_lut
 from nasctl.hardware.onnx_import import import_onnx
@@ -88,7 +91,11 @@ def test_quantized_layers_onnxruntime_cannot_fuse_run_dequantized(tmp_path):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_dequantized_marks_match_what_onnxruntime_fuses_in_context_networks(tmp_path, seed):
+def test_dequantized_marks_match_what_onnxruntime_fuses_in_context_networks(tmp_path, monkeypatch, seed):
+    from nasctl.hardware import onnx_import
+
+    # the importer's own reading of the graph's structure, where onnxruntime cannot be asked
+    monkeypatch.setattr(onnx_import, "_float_in_runtime", lambda path: None)
     rng = np.random.default_rng(seed)
     model, _ = random_network(rng, max_macs=5e6)
     while not any(n.op_type == "DequantizeLinear" for n in model.graph.node):
@@ -145,6 +152,35 @@ def test_quick_profile_builds_a_device_that_prices_layers(tmp_path):
              for c in (24, 48, 96, 192, 384)]
     assert all(s > 0 for s in sweep) and sweep[-1] > sweep[0]
 
+    # The measured networks are kept beside the table: the device fits again from them alone,
+    # to the same table, and each network's kernels and run overhead add up to its time.
+    from nasctl.hardware.measure.attribution import MeasuredNetwork
+    from nasctl.hardware.measure.profile import MEASUREMENTS_FILE, refit_profile
+
+    again = refit_profile("cpu-local", folder)
+    assert again.rows == fitted.rows and again.spec["overhead"] == fitted.spec["overhead"]
+    doc = json.loads((folder / MEASUREMENTS_FILE).read_text())
+    assert [MeasuredNetwork.from_dict(d).to_dict() for d in doc["networks"]] == doc["networks"]
+    (folder / MEASUREMENTS_FILE).write_text("{}")
+    with pytest.raises(UsageError, match="cannot read the measured context networks"):
+        refit_profile("cpu-local", folder)
+
+
+def test_in_context_costs_add_up_to_each_networks_end_to_end_time():
+    from nasctl.hardware.measure.attribution import MeasuredNetwork
+
+    rng = np.random.default_rng(0)
+    networks = []
+    for i in range(6):  # profiled kernel times 20% above what the runs without the profiler took
+        ms = rng.uniform(0.01, 0.2, 5)
+        networks.append(MeasuredNetwork(f"n{i}", [layer(k) for k in range(5)], list(ms * 1.2), [1.0] * 5,
+                                        float(0.01 + ms.sum())))
+    costs, norm = in_context_costs(networks)
+    run = norm["run_overhead_ms"]
+    assert [c.sum() + run for c in costs] == pytest.approx([m.latency_ms for m in networks], rel=1e-4)
+    for c, m in zip(costs, networks):  # the kernels keep their order within the network
+        assert list(np.argsort(c)) == list(np.argsort(m.layer_ms))
+
 
 def test_long_kernels_are_timed_alone(tmp_path):
     b = NetBuilder(np.random.default_rng(0), (1, 64, 56, 56))
@@ -182,3 +218,52 @@ def test_no_counters_means_latency_only(monkeypatch):
     fitted = profile_machine("cpu-local", Protocol(rounds=2, repeats=1, warmup=1), kernels=20, seed=5)
     assert fitted.spec["models_energy"] is False and fitted.spec["energy"].startswith("latency only")
     assert not fitted.device().models_energy
+
+
+def _identity_biases(model):
+    """The float model with each conv's bias read through an Identity, as torch's exporter
+    writes a bias it shares between convs (the quantizer then puts the bias's
+    DequantizeLinear before the Identity)."""
+    from onnx import helper
+
+    for n in [n for n in model.graph.node if n.op_type == "Conv" and len(n.input) > 2]:
+        model.graph.node.insert(0, helper.make_node("Identity", [n.input[2]], [f"{n.input[2]}_id"],
+                                                    name=f"{n.name}_bias_id"))
+        n.input[2] = f"{n.input[2]}_id"
+    return model
+
+
+def test_dequantized_marks_follow_onnxruntime_where_biases_pass_an_identity(tmp_path):
+    rng = np.random.default_rng(0)
+    b = NetBuilder(rng, (1, 3, 16, 16))
+    x = b.conv(b.conv("input", 16, 3, act="relu"), 16, 3, act="relu")
+    y = b.add(b.conv(b.conv(x, 32, 1, act="relu"), 16, 3, act="relu"), x)  # x has two readers
+    y = b.conv(b.conv(y, 32, 1, act="relu"), 32, 3, groups=32, act="relu")
+    path = tmp_path / "q.onnx"
+    path.write_bytes(quantize(_identity_biases(b.model(b.conv(y, 16, 1))), rng, per_channel=True).SerializeToString())
+    layers = import_onnx(path).layers
+    ran_apart = ort_float_nodes(path, tmp_path)
+    assert [l.name in ran_apart for l in layers] == [l.dequantized for l in layers]
+    assert {l.dequantized for l in layers} == {True, False}
+
+
+@pytest.mark.parametrize("kind", ["grouped", "mixconv", "ghost", "convnext"])
+def test_context_blocks_of_published_families_run_and_import(tmp_path, kind):
+    import onnxruntime as ort
+
+    from nasctl.hardware.measure.context import _Blocks
+
+    rng = np.random.default_rng(1)
+    b = NetBuilder(rng, (1, 3, 32, 32))
+    blocks = _Blocks(b, rng)
+    x = getattr(blocks, kind)(b.conv("input", 24, 3, 2, act="relu"), 48, 2, "relu")
+    x = getattr(blocks, kind)(x, 48, 1, "swish")
+    model = b.model(x)
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / "net.onnx"
+    path.write_bytes(model.SerializeToString())
+    result = import_onnx(path)
+    assert not result.unsupported and all(TAG.search(l.name) for l in result.layers)
+    out, = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"input": np.zeros((1, 3, 32, 32), np.float32)})
+    assert out.shape == b.shapes[x]

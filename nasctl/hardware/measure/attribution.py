@@ -7,8 +7,10 @@ fused from several kernels for those of them that ran no node of their own - and
 the layers the ONNX importer (`nasctl.hardware.onnx_import`) reads from the network.
 
 Each network is also timed end to end, without profiling.  The run overhead and the
-profiler's own cost per node (about a microsecond and a half) are fitted to those times,
-and the latter is taken off every profiled node.
+profiler's own cost per node (a few microseconds) are fitted to those times, and the
+latter is taken off every profiled node; then each network's profiled kernel times are
+scaled to add up to its end-to-end time (with the run overhead and the long kernels
+timed alone), so a kernel's cost is its share of a run without the profiler.
 
 The profiler's clock is the wall clock: on a busy machine a kernel longer than the OS's
 time slice is profiled with time other processes got.  So kernels that profile longer
@@ -44,6 +46,26 @@ class MeasuredNetwork:
     # nodes onnxruntime ran before the kernel, e.g. a layout reorder of its input).
     alone: dict[int, tuple[float, float, int]] = field(default_factory=dict)
     energy_mj: Optional[float] = None  # energy of one run, where the machine has energy counters
+
+    def to_dict(self) -> dict:
+        """Plain JSON data (layers as kernel-table rows, with their names)."""
+        from ..lut import row_from_layer
+
+        return {"description": self.description,
+                "layers": [{**row_from_layer(l, 0.0), "name": l.name} for l in self.layers],
+                "layer_ms": list(map(float, self.layer_ms)), "layer_nodes": list(map(float, self.layer_nodes)),
+                "latency_ms": float(self.latency_ms), "alone": {str(j): list(v) for j, v in self.alone.items()},
+                "energy_mj": self.energy_mj}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MeasuredNetwork":
+        from dataclasses import replace
+
+        from ..lut import layer_from_row
+
+        return cls(d["description"], [replace(layer_from_row(r), name=r.get("name", "")) for r in d["layers"]],
+                   d["layer_ms"], d["layer_nodes"], d["latency_ms"],
+                   {int(j): tuple(v) for j, v in d.get("alone", {}).items()}, d.get("energy_mj"))
 
 
 def _node_times(profile_file: str) -> list[tuple[str, float]]:
@@ -193,7 +215,9 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0)
     The profiler adds its own cost to every node it times; fit `end-to-end = run overhead
     + Σ profiled - per-node cost x nodes` robustly (soft L1) over the short networks and
     take the per-node cost off every layer.  A long kernel, timed alone, costs its
-    end-to-end time less the run overhead and the nodes onnxruntime ran before it."""
+    end-to-end time less the run overhead and the nodes onnxruntime ran before it.  The
+    other kernels of a network are then scaled alike (within 0.5-2x) so that the network's
+    costs and run overhead add up to its end-to-end time."""
     from scipy.optimize import least_squares
 
     y = np.array([m.latency_ms for m in measured])
@@ -205,11 +229,23 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0)
     c0, per_node = least_squares(lambda p: (p[0] + S[fit_on] - p[1] * N[fit_on]) / y[fit_on] - 1, [0.01, 0.001],
                                  loss="soft_l1", f_scale=0.05, bounds=([0, 0], [np.inf, np.inf])).x
     c0 = float(min(c0, 0.5 * y.min()))
-    costs = []
+    costs, scales = [], []
     for m in measured:
-        t = np.array(m.layer_ms) - per_node * np.array(m.layer_nodes)
+        t = np.maximum(np.array(m.layer_ms) - per_node * np.array(m.layer_nodes), FLOOR_MS)
+        alone = np.zeros(len(t), dtype=bool)
         for j, (ms, boundary_ms, boundary_nodes) in m.alone.items():
-            t[j] = ms - c0 - (boundary_ms - per_node * boundary_nodes)
+            t[j] = max(ms - c0 - (boundary_ms - per_node * boundary_nodes), FLOOR_MS)
+            alone[j] = True
+        # The profiled kernels' times, scaled so that with the long kernels timed alone and
+        # the run overhead they add up to the network's end-to-end time (measured without
+        # the profiler): what the profile gives is each kernel's share of it.
+        rest = t[~alone].sum()
+        if rest > 0:
+            k = float(np.clip((m.latency_ms - c0 - t[alone].sum()) / rest, 0.5, 2.0))
+            t[~alone] *= k
+            scales.append(k)
         costs.append(np.maximum(t, FLOOR_MS))
     return costs, {"run_overhead_ms": c0, "profiler_cost_per_node_ms": float(per_node),
-                   "kernels_timed_alone": sum(len(m.alone) for m in measured)}
+                   "kernels_timed_alone": sum(len(m.alone) for m in measured),
+                   "profiled_times_scaled_by": {q: round(float(np.quantile(scales, v)), 4) if scales else 1.0
+                                                for q, v in (("p10", 0.1), ("median", 0.5), ("p90", 0.9))}}

@@ -1,13 +1,19 @@
 """Context networks: random ONNX networks made of the blocks real models are made of.
 
 They are built with `onnx.helper` from conv stacks, residual basic and bottleneck blocks,
-inverted residuals with squeeze-excite, fire modules, dense and shuffle units, U-Net
+grouped bottlenecks of a fixed group width (ResNeXt, RegNet), inverted residuals with
+squeeze-excite (either global pooling), mixed-kernel depthwise convs (MixNet), ghost
+modules, ConvNeXt blocks (channels-last layer norm and linears), fire modules, dense and
+shuffle units, U-Net
 encoder-decoders (max pooling, nearest/linear resize or transposed conv, skip
 concatenation), and transformer / mixer blocks (layer norm, linear, attention matmuls,
-softmax, GELU) - over inputs of 32-224 px, 3-1024 channels, kernels 1-7 (and patch
-embeddings), strides 1-2, dense, grouped and depthwise convs, float32 and int8 (conv nets
-quantized by onnxruntime's static quantizer, QDQ, as users quantize models for
-onnxruntime; it runs them as QLinearConv / QGemm where it can).  Resizes are written as
+softmax, GELU; some with a depthwise conv in the MLP and a stand-alone activation, as
+PVT-v2; up to 1,600 narrow tokens, as the first stages of hierarchical transformers) -
+over inputs of 32-224 px, 3-1024 channels, kernels 1-7 (and patch
+embeddings), strides 1-2, dense, grouped and depthwise convs, float32 and int8 (conv nets and
+transformers quantized by onnxruntime's static quantizer, QDQ, weights per tensor or per
+channel, as users quantize models for onnxruntime; it runs them as QLinearConv / QGemm
+where it can).  Resizes are written as
 exporters write them (the coordinate mode decides whether onnxruntime runs them in its
 blocked layout).  Every node of a kernel carries the kernel's tag (`TAG`) in its name, so
 onnxruntime's profile can be attributed back to kernels (`attribution`).
@@ -216,6 +222,12 @@ class NetBuilder:
         tag = self._tag()
         return self.node("Mul", [x, self.const(value)], tag, "scale", self.shapes[x])
 
+    def spatial_mean(self, x: str) -> str:
+        """x.mean((2, 3), keepdim=True), as timm's squeeze-excite writes global pooling."""
+        tag = self._tag()
+        n, c = self.shapes[x][:2]
+        return self.node("ReduceMean", [x, self.const([2, 3], np.int64)], tag, "smean", (n, c, 1, 1), keepdims=1)
+
     def token_mean(self, x: str) -> str:
         tag = self._tag()
         n, t, c = self.shapes[x]
@@ -257,8 +269,8 @@ def _width(rng: np.random.Generator, near: float) -> int:
 class _Blocks:
     """The blocks of the context networks (each appends its kernels to the builder)."""
 
-    def __init__(self, b: NetBuilder, rng: np.random.Generator):
-        self.b, self.rng = b, rng
+    def __init__(self, b: NetBuilder, rng: np.random.Generator, budget: float = float("inf")):
+        self.b, self.rng, self.budget = b, rng, budget  # budget: the network's MACs
 
     def ch(self, x: str) -> int:
         return self.b.shapes[x][1]
@@ -291,12 +303,82 @@ class _Blocks:
         y = b.conv(x, hidden, 1, act=act) if hidden != cin else x
         y = b.conv(y, hidden, k, stride, groups=hidden, act=act)
         if rng.random() < 0.4:
-            squeeze = max(8, hidden // 4)
-            gate = b.conv(b.conv(b.global_pool(y), squeeze, 1, act=_pick(rng, ("relu", "swish"))), hidden, 1,
-                          act=_pick(rng, ("hardsigmoid", "sigmoid")))
-            y = b.mul(y, gate)
+            y = self.squeeze_excite(y)
         y = b.conv(y, cout, 1)
         return b.add(x, y) if stride == 1 and cin == cout else y
+
+    def squeeze_excite(self, y, squeeze: Optional[int] = None):
+        b, rng = self.b, self.rng
+        c = self.ch(y)
+        pooled = b.global_pool(y) if rng.random() < 0.5 else b.spatial_mean(y)
+        gate = b.conv(b.conv(pooled, squeeze or max(8, c // 4), 1, act=_pick(rng, ("relu", "swish"))), c, 1,
+                      act=_pick(rng, ("hardsigmoid", "sigmoid")))
+        return b.mul(y, gate)
+
+    def grouped(self, x, cout, stride, act):
+        """A ResNeXt / RegNet bottleneck: a grouped 3x3 conv of a fixed group width, an
+        optional squeeze-excite, a residual add."""
+        b, rng = self.b, self.rng
+        group_width = _pick(rng, (8, 16, 24, 32, 48, 64))
+        width = max(group_width, -(-int(cout * _pick(rng, (0.5, 1.0))) // group_width) * group_width)
+        y = b.conv(x, width, 1, act=act or "relu")
+        y = b.conv(y, width, 3, stride, groups=width // group_width, act=act or "relu")
+        if rng.random() < 0.4:
+            y = self.squeeze_excite(y, max(8, self.ch(x) // 4))
+        y = b.conv(y, cout, 1)
+        short = x if stride == 1 and self.ch(x) == cout else b.conv(x, cout, 1, stride)
+        return b.act(b.add(y, short), act or "relu")
+
+    def mixconv(self, x, cout, stride, act):
+        """An inverted residual whose depthwise conv is split into channel groups with
+        kernels 3, 5, 7 (9), concatenated (MixNet)."""
+        b, rng = self.b, self.rng
+        cin = self.ch(x)
+        hidden = cin * _pick(rng, (3, 6))
+        y = b.conv(x, hidden, 1, act=act)
+        parts = int(rng.integers(2, 5))
+        sizes = [hidden // parts] * (parts - 1) + [hidden - hidden // parts * (parts - 1)]
+        y = b.concat([b.conv(p, c, 3 + 2 * i, stride, groups=c, act=act)
+                      for i, (p, c) in enumerate(zip(b.split(y, sizes), sizes))])
+        if rng.random() < 0.5:
+            y = self.squeeze_excite(y)
+        y = b.conv(y, cout, 1)
+        return b.add(x, y) if stride == 1 and cin == cout else y
+
+    def ghost(self, x, cout, stride, act):
+        """Ghost modules: a primary 1x1 conv, a cheap depthwise conv of its output,
+        concatenated; a depthwise stride conv between them where the block downsamples."""
+        b = self.b
+
+        def module(y, out, act):
+            primary = b.conv(y, out // 2, 1, act=act)
+            return b.concat([primary, b.conv(primary, out - out // 2, 3, groups=out // 2, act=act)])
+
+        cin = self.ch(x)
+        y = module(x, max(16, 2 * cout), act or "relu")
+        if stride > 1:
+            y = b.conv(y, self.ch(y), 3, stride, groups=self.ch(y))
+        y = module(y, cout - cout % 2, "")
+        short = x if stride == 1 and cin == self.ch(y) else b.conv(b.conv(x, cin, 3, stride, groups=cin),
+                                                                   self.ch(y), 1)
+        return b.add(y, short)
+
+    def convnext(self, x, cout, stride, act):
+        """A ConvNeXt block: depthwise 7x7, then channels last - layer norm, linear x4 with
+        GELU, linear back, a layer-scale multiply - and back, a residual add."""
+        b, rng = self.b, self.rng
+        _, _, h, w = b.shapes[x]
+        if h * w * cout * cout * 8 > self.budget:  # one block would take more than the network's budget
+            return self.mbconv(x, cout, stride, act)
+        if stride > 1 or self.ch(x) != cout:
+            x = b.conv(x, cout, 2 if stride > 1 else 1, stride, pad=0)
+        y = b.conv(x, cout, _pick(rng, (7, 7, 5, 3)), groups=cout)
+        tag = b._tag()
+        y = b.transpose(y, (0, 2, 3, 1), tag)
+        y = b.linear(b.linear(b.layer_norm(y), cout * 4, act="gelu"), cout)
+        y = b.scale(y, 1e-2) if rng.random() < 0.7 else y
+        tag = b._tag()
+        return b.add(x, b.transpose(y, (0, 3, 1, 2), tag))
 
     def fire(self, x, cout, stride, act):
         b = self.b
@@ -367,7 +449,18 @@ class _Blocks:
             x = b.add(x, b.transpose(y, (0, 2, 1), tag))
         else:
             x = b.add(x, self.attention(b.layer_norm(x)))
-        y = b.linear(b.linear(b.layer_norm(x), c * _pick(rng, (2, 4)), act="gelu"), c)
+        side = int(round(np.sqrt(t)))
+        if side * side == t and not mixer and rng.random() < 0.3:  # a token grid: PVT-v2's conv MLP
+            hidden = c * _pick(rng, (2, 4, 8))
+            y = b.linear(b.layer_norm(x), hidden)
+            tag = b._tag()
+            y = b.reshape(b.transpose(y, (0, 2, 1), tag), (1, hidden, side, side), tag)
+            y = b.conv(y, hidden, 3, groups=hidden)
+            tag = b._tag()
+            y = b.transpose(b.reshape(y, (1, hidden, t), tag), (0, 2, 1), tag)
+            y = b.linear(b.act(y, _pick(rng, ("gelu", "gelu", "swish", "hardswish", "relu"))), c)
+        else:
+            y = b.linear(b.linear(b.layer_norm(x), c * _pick(rng, (2, 4)), act="gelu"), c)
         return b.add(x, y)
 
 
@@ -381,8 +474,10 @@ def random_network(rng: np.random.Generator, max_macs: float = 1e8):
     if family == "unet":
         return _unet_net(rng, size, budget)
     if family == "int8":
-        model, description = _cnn_net(rng, size, budget, int8=True)
-        return quantize(model, rng), f"int8 {description}"
+        per_channel = bool(rng.random() < 0.5)  # the quantizer's two weight modes
+        model, description = (_transformer_net(rng, size, budget) if rng.random() < 0.2
+                              else _cnn_net(rng, size, budget, int8=True))
+        return quantize(model, rng, per_channel=per_channel), f"int8{' per-channel' * per_channel} {description}"
     return _cnn_net(rng, size, budget)
 
 
@@ -391,8 +486,9 @@ def _cnn_net(rng, size, budget, int8: bool = False):
     quantization folds into a kernel's output range (others would run apart, in float
     between quantization pairs, inside one kernel's tag)."""
     b = NetBuilder(rng, (1, 3, size, size))
-    blocks = _Blocks(b, rng)
-    kinds = ("plain", "basic", "bottleneck", "mbconv", "fire", "dense", "shuffle") + (() if int8 else ("mixer_conv",))
+    blocks = _Blocks(b, rng, budget)
+    kinds = ("plain", "basic", "bottleneck", "mbconv", "fire", "dense", "shuffle", "grouped", "mixconv",
+             "ghost") + (() if int8 else ("mixer_conv", "convnext"))
     kind = _pick(rng, kinds)
     act = _pick(rng, ("relu", "relu6", "") if int8 else CONV_ACTS[:-2])
     width = _width(rng, _pick(rng, (16, 24, 32, 48, 64)))
@@ -421,15 +517,21 @@ def _cnn_net(rng, size, budget, int8: bool = False):
 def _transformer_net(rng, size, budget):
     b = NetBuilder(rng, (1, 3, size, size))
     blocks = _Blocks(b, rng)
-    patch = _pick(rng, tuple(p for p in (2, 4, 8, 16) if size // p >= 4 and (size // p) ** 2 <= 400) or (size // 4,))
-    dim = _pick(rng, (64, 96, 128, 192, 256, 384))
+    patch = _pick(rng, tuple(p for p in (2, 4, 8, 16) if size // p >= 4 and (size // p) ** 2 <= 1600) or (size // 4,))
+    tokens = (size // patch) ** 2
+    if tokens > 400:  # the first stages of hierarchical transformers (PVT, EdgeNeXt): many narrow tokens
+        dims = (32, 48, 64)
+    else:  # wide ones only over few tokens
+        dims = (64, 96, 128, 192, 256, 384) + ((512, 768) if tokens <= 100 else ())
+    dim = _pick(rng, dims)
     mixer = rng.random() < 0.3
     x = b.conv("input", dim, patch, patch, pad=0)
     g = b.shapes[x][2]
     tag = b._tag()
     x = b.transpose(b.reshape(x, (1, dim, g * g), tag), (0, 2, 1), tag)
     if not mixer:
-        x = b.concat([b.const(rng.standard_normal((1, 1, dim)) * 0.02), x], axis=1)
+        if rng.random() < 0.5:  # a class token (ViT, DeiT); without one the tokens stay a grid
+            x = b.concat([b.const(rng.standard_normal((1, 1, dim)) * 0.02), x], axis=1)
         x = b.add(x, b.const(rng.standard_normal(b.shapes[x]) * 0.02))
     for _ in range(int(rng.integers(1, 9))):
         x = blocks.transformer(x, mixer)
@@ -459,9 +561,10 @@ def _unet_net(rng, size, budget):
     return b.model(b.conv(x, _pick(rng, (1, 2, 4)), 1)), f"unet-{up} {size}px"
 
 
-def quantize_int8(src: Path, dst: Path, inputs: Sequence[dict]) -> None:
+def quantize_int8(src: Path, dst: Path, inputs: Sequence[dict], per_channel: bool = False) -> None:
     """onnxruntime's static quantization of the ONNX model `src` into `dst`: QDQ format, int8
-    weights and activations, per tensor, calibrated on `inputs` (feeds)."""
+    weights and activations, weights per tensor or `per_channel`, calibrated on `inputs`
+    (feeds)."""
     import logging
 
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
@@ -475,12 +578,12 @@ def quantize_int8(src: Path, dst: Path, inputs: Sequence[dict]) -> None:
     logging.disable(logging.WARNING)  # the quantizer's advice goes to the root logger
     try:
         quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=per_channel)
     finally:
         logging.disable(logging.NOTSET)
 
 
-def quantize(model, rng: np.random.Generator, samples: int = 2):
+def quantize(model, rng: np.random.Generator, samples: int = 2, per_channel: bool = False):
     """The int8 network onnxruntime's static quantizer (`quantize_int8`) makes of a float
     context network - as users quantize models for onnxruntime - calibrated on random
     inputs.  A node the quantizer adds without a kernel's tag (the dequantization of a
@@ -491,7 +594,8 @@ def quantize(model, rng: np.random.Generator, samples: int = 2):
     with tempfile.TemporaryDirectory(prefix="nasctl-int8-") as tmp:
         src, dst = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
         src.write_bytes(model.SerializeToString())
-        quantize_int8(src, dst, [{"input": rng.standard_normal(shape).astype(np.float32)} for _ in range(samples)])
+        quantize_int8(src, dst, [{"input": rng.standard_normal(shape).astype(np.float32)} for _ in range(samples)],
+                      per_channel=per_channel)
         quantized = onnx.shape_inference.infer_shapes(onnx.load(str(dst)))  # kernels are cut out by shape
     consumers: dict[str, list] = {}
     for n in quantized.graph.node:

@@ -1,8 +1,9 @@
 """The whole profile: measure context networks in chunks and fit a `kind: lut` device to them.
 
 Networks are measured in chunks (which bounds the memory of open sessions); the same few
-small reference networks run in every chunk, and a chunk whose references ran slower than
-in the fastest chunk - the machine was busier - has its times scaled back.
+small reference networks run in every chunk, and a chunk whose references ran slower or
+faster than in the median chunk - the machine was busier or quieter - has its times
+scaled to the median chunk's.
 `nasctl.hardware.fit.fit_from_lut` then makes the device of the kernel times: one row per
 distinct kernel (the median of its measurements) and a regressor per kernel type, chosen
 by cross-validation over whole networks held out; `spec.yaml` and `lut.csv` are written
@@ -46,25 +47,26 @@ def _slower_by(m: MeasuredNetwork, factor: float) -> MeasuredNetwork:
                            m.energy_mj)
 
 
+def reference_networks(n: int = 3) -> list:
+    """The small networks measured beside others to tell how busy the machine is."""
+    return [random_network(np.random.default_rng(10_000 + k), max_macs=5e6) for k in range(n)]
+
+
 def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: int = 0, chunk: int = 80,
                     references: int = 3, on_progress: Optional[Callable[[int, int, str], None]] = None):
     """Build context networks until they hold `kernels` kernels, measure them `chunk` at a
     time (interleaved: a busy spell slows every network of a chunk alike, and the minimum
     over rounds spread over the chunk's minutes avoids it), and fit the device from them.
 
-    The same few small reference networks are measured in every chunk; a chunk whose
-    references ran slower than in the fastest chunk (the machine was busier) has its
-    times scaled back by that factor (the median over the references)."""
-    from ..fit import fit_from_lut
-    from ..lut import row_from_layer
-
+    The same few small reference networks are measured in every chunk (`fit_profile`
+    scales each chunk to the median chunk by them)."""
     rng = np.random.default_rng(seed)
     start = time.perf_counter()
     networks, count = [], 0
     while count < kernels:
         networks.append(random_network(rng))
         count += len({m.group(1) for n in networks[-1][0].graph.node if (m := TAG.search(n.name))})
-    refs = [random_network(np.random.default_rng(10_000 + k), max_macs=5e6) for k in range(references)]
+    refs = reference_networks(references)
     chunks = -(-len(networks) // chunk)
     total = 3 * protocol.rounds * chunks  # per chunk: profiled rounds, end-to-end rounds, long kernels alone
     ticks = iter(range(1, 10 ** 9))
@@ -84,12 +86,40 @@ def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: i
                                     on_round=tick)
             parts.append(part[:len(part) - len(refs)])
             ref_ms.append([m.latency_ms for m in part[len(part) - len(refs):]])
-    ref = np.array(ref_ms)
-    slower = np.median(ref / ref.min(axis=0), axis=1)
-    measured = [_slower_by(m, f) for part, f in zip(parts, slower) for m in part]
-    done = sum(len(m.layers) for m in measured)
+    measured = [m for part in parts for m in part]
+    chunk_of = [k for k, part in enumerate(parts) for _ in part]
+    measurement = {**protocol.describe(), "seed": seed, "references": references,
+                   "machine": machine(), "measuring_seconds": round(time.perf_counter() - start, 1)}
     if on_progress is not None:
         on_progress(total, total, "fitting the regressors")
+    fitted = fit_profile(name, measured, measurement, chunk_of, ref_ms)
+    fitted.report["seconds"] = time.perf_counter() - start
+    return fitted
+
+
+MEASUREMENTS_FILE = "measurements.json"  # the measured context networks, beside the table
+
+
+def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, chunk_of: Sequence[int],
+                reference_ms: Sequence[Sequence[float]]):
+    """The `lut` device of measured context networks (`measurement`: how they were measured,
+    recorded in the spec).  `chunk_of` gives each network's chunk, `reference_ms` the times
+    of the reference networks measured in each chunk: a chunk whose references ran slower
+    or faster than in the median chunk (the machine was busier or quieter) has its times
+    scaled to the median chunk's - the device prices the machine in its typical state, not
+    its quietest.  The networks travel with it (`FittedDevice.files`, written as
+    `measurements.json`), so that the device can be fitted again without measuring
+    (`refit_profile`)."""
+    from ..fit import fit_from_lut
+    from ..lut import row_from_layer
+
+    start = time.perf_counter()
+    ref = np.array(reference_ms, dtype=float).reshape(len(reference_ms), -1)
+    slower = np.median(ref / np.median(ref, axis=0), axis=1) if ref.size else np.ones(max(chunk_of, default=0) + 1)
+    measured = [_slower_by(m, slower[k]) for m, k in zip(raw, chunk_of)]
+    measurement = {**measurement, "chunk_slowdown_corrected": [round(float(f), 4) for f in slower],
+                   "reference_ms": [round(float(v), 5) for v in np.median(ref, axis=0)] if ref.size else []}
+    done = sum(len(m.layers) for m in measured)
     costs, norm = in_context_costs(measured)
     rows = []
     for i, (m, ts) in enumerate(zip(measured, costs)):
@@ -97,28 +127,55 @@ def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: i
         shares = ts / ts.sum() if m.energy_mj is not None else [None] * len(ts)
         rows += [{**row_from_layer(layer, ms, None if share is None else max(m.energy_mj * share, FLOOR_MS)),
                   "group": i} for layer, ms, share in zip(m.layers, ts, shares)]
-    measurement = {**protocol.describe(), "context_networks": len(measured), "kernels_timed": done, "seed": seed,
+    measurement = {**measurement, "context_networks": len(measured), "kernels_timed": done,
                    "how": "per-node kernel times from onnxruntime profiling inside random context networks, summed "
                           "per kernel (minimum over the profiled runs) less the profiler's own cost per node; "
                           "kernels profiled longer than 0.5 ms timed again alone (thread clock) less the run "
-                          "overhead and the layout reorders around them; the run overhead and the profiler's cost "
-                          "per node fitted to the networks' end-to-end times",
-                   **norm, "chunk_slowdown_corrected": [round(float(f), 4) for f in slower], "machine": machine()}
+                          "overhead and the layout reorders around them; the other kernels of each network scaled "
+                          "so that its kernels and the run overhead add up to its end-to-end time; the run "
+                          "overhead and the profiler's cost per node fitted to the networks' end-to-end times",
+                   **norm}
     energy = ("RAPL package energy per run of each context network (counters' increase over 0.2 s of runs), "
               "apportioned to its kernels by their share of its time; includes the package's idle and uncore power"
               if all(m.energy_mj is not None for m in measured)
               else "latency only: this machine exposes no readable energy counters (RAPL)")
-    fitted = fit_from_lut(name, rows, description=f"onnxruntime CPU on this machine, {protocol.threads} thread(s), "
+    threads = measurement.get("threads", 1)
+    fitted = fit_from_lut(name, rows, description=f"onnxruntime CPU on this machine, {threads} thread(s), "
                                                   f"measured by `nasctl hw profile`",
                           extra={"measurement": measurement, "energy": energy,
                                  "overhead": {"per_model_ms": norm["run_overhead_ms"], "per_layer_ms": 0.0}})
     device = fitted.device()
     error = np.array([device.estimate(m.layers).latency_ms / m.latency_ms - 1 for m in measured])
-    fitted.report = {"networks": len(measured), "layers": done, "seconds": time.perf_counter() - start,
+    fitted.report = {"networks": len(measured), "layers": done, "fitting_seconds": time.perf_counter() - start,
                      "networks_rms_error_pct": float(np.sqrt(np.mean(error ** 2)) * 100),
                      "networks_within_10pct": float(np.mean(np.abs(error) <= 0.10))}
     fitted.spec["fit"]["context_networks"] = {k: round(v, 4) for k, v in fitted.report.items() if k.startswith("networks_")}
+    fitted.files[MEASUREMENTS_FILE] = {"format": 2, "measurement": measurement, "chunk_of": list(chunk_of),
+                                       "reference_ms": [list(map(float, r)) for r in reference_ms],
+                                       "networks": [m.to_dict() for m in raw]}
     return fitted
+
+
+def refit_profile(name: str, folder: Path):
+    """Fit the device again from the context networks a profile saved in `folder`
+    (`measurements.json`), without measuring anything."""
+    import json
+
+    from ...errors import UsageError
+
+    path = Path(folder) / MEASUREMENTS_FILE
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if doc.get("format") != 2:
+            raise ValueError("format")
+        measured = [MeasuredNetwork.from_dict(d) for d in doc["networks"]]
+        chunk_of, reference_ms = doc["chunk_of"], doc["reference_ms"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{path}: cannot read the measured context networks ({type(e).__name__}); profile the "
+                         f"machine again with `nasctl hw profile`") from None
+    measurement = {k: v for k, v in doc.get("measurement", {}).items() if k not in ("chunk_slowdown_corrected",
+                                                                                  "reference_ms")}
+    return fit_profile(name, measured, measurement, chunk_of, reference_ms)
 
 
 def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int = 0,
@@ -135,14 +192,20 @@ def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int =
         unpriced = imported.unsupported + report.unsupported
         rows.append({"model": Path(path).stem, "path": str(path), "predicted_ms": report.latency_ms,
                      "layers": len(imported.layers), "unsupported": dict(unpriced)})
+    # The profile's reference networks, measured beside the models where the device records
+    # their times: how much slower (or faster) the machine runs now than when profiled.
+    recorded = list(getattr(getattr(device, "spec", None), "measurement", {}).get("reference_ms", []))
+    refs = [m.SerializeToString() for m, _ in reference_networks(len(recorded))] if recorded else []
     done = iter(range(1, rounds + 1))
-    measured = measure_models(paths, protocol, seed,
+    measured = measure_models([*paths, *refs], protocol, seed,
                               on_round=lambda: on_progress and on_progress(next(done), rounds, "rounds"))
     for row, ms in zip(rows, measured):
         row["measured_ms"] = float(ms)
         row["error_pct"] = (row["predicted_ms"] / row["measured_ms"] - 1) * 100
     err = np.array([r["error_pct"] for r in rows]) / 100
-    return {"device": device.name, "protocol": protocol.describe(), "models": rows,
-            "summary": {"models": len(rows), "within_5pct": float(np.mean(np.abs(err) <= 0.05)),
-                        "within_10pct": float(np.mean(np.abs(err) <= 0.10)),
-                        "rms_error_pct": float(np.sqrt(np.mean(err ** 2)) * 100)}}
+    summary = {"models": len(rows), "within_5pct": float(np.mean(np.abs(err) <= 0.05)),
+               "within_10pct": float(np.mean(np.abs(err) <= 0.10)),
+               "rms_error_pct": float(np.sqrt(np.mean(err ** 2)) * 100)}
+    if refs:
+        summary["machine_vs_profile"] = float(np.median(measured[len(paths):] / np.array(recorded)))
+    return {"device": device.name, "protocol": protocol.describe(), "models": rows, "summary": summary}
