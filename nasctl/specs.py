@@ -25,7 +25,7 @@ def read_text(path: Path) -> str:
 def read_yaml(path: Path) -> dict[str, Any]:
     text = read_text(path)
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml where present
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

@@ -209,3 +209,6 @@ def validate(
     s = doc["summary"]
     out.print(f"{s['models']} models on {doc['device']}: {s['within_5pct'] * 100:.0f}% within ±5%, "
               f"{s['within_10pct'] * 100:.0f}% within ±10%, RMS error {s['rms_error_pct']:.1f}%.")
+    if "machine_vs_profile" in s:
+        out.print(f"The profile's reference networks ran at {s['machine_vs_profile']:.2f}x their profiled time "
+                  f"(above 1: the machine is busier now than when it was profiled).")

@@ -11,8 +11,8 @@ Pricing a layer: a row with the layer's exact shape (`LayerSpec.shape_key`) give
 cost as stored; any other layer is priced by a regressor fitted (the first time the device
 needs it) to the rows of its kernel type (the op; convs split into dense and depthwise; quantized
 kernels apart from float ones, and those that run dequantized apart again - priced as
-fused ones where the table has none, and bit widths the table has no kernels of at all
-as float kernels) on log-scale features - MACs, elements read and
+fused ones where the table has none, or only kernels of less than an eighth of the
+layer's work, and then as float kernels, likewise) on log-scale features - MACs, elements read and
 written, weights, channels, positions, kernel area, stride, groups, bit widths, channel
 alignment to vector blocks and the activation.  Predictions are of log latency, so
 prices are always positive.  The spec names each type's regressor (`regressors:`,
@@ -27,7 +27,8 @@ chosen by `nasctl hw fit` / `hw profile` by cross-validated error):
 Types the spec does not name get `additive`.  A layer whose kernel type has no rows at
 all is reported as unsupported.  Boosted trees take seconds to fit: `nasctl hw profile`
 and `hw fit` save them beside the table (`regressors.json`: plain arrays, tied to the
-table's SHA-256), and a device whose table changed since refits them.
+table's SHA-256, with the table's rows as read and checked, which load faster than the
+CSV), and a device whose table changed since refits them (and reads the CSV).
 
 Every priced layer also pays `overhead.per_layer_ms`, and the first layer of a list
 carries `overhead.per_model_ms`, the fixed cost of one inference run; both are fitted
@@ -40,6 +41,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
@@ -95,6 +97,13 @@ def layer_from_row(row: dict) -> LayerSpec:
                      dequantized=bool(row.get(DEQUANTIZED_COLUMN, 0)))
 
 
+def _row_key(row: dict) -> tuple:
+    """`LayerSpec.shape_key` of the layer a table row describes, without building it."""
+    return (row["op"], row["in_ch"], row["out_ch"], (row["in_h"], row["in_w"]), (row["out_h"], row["out_w"]),
+            (row["kernel_h"], row["kernel_w"]), row["stride"], row["groups"], row["w_bits"], row["a_bits"], row["fn"],
+            bool(row.get(DEQUANTIZED_COLUMN, 0)))
+
+
 def row_from_layer(layer: LayerSpec, latency_ms: float, energy_mj: Optional[float] = None) -> dict:
     row = {"op": layer.op, "in_ch": layer.in_ch, "out_ch": layer.out_ch, "in_h": layer.in_hw[0],
            "in_w": layer.in_hw[1], "out_h": layer.out_hw[0], "out_w": layer.out_hw[1],
@@ -143,6 +152,10 @@ def read_lut(path: Path) -> list[dict]:
 
 
 def _number(text, kind, path, line, col):
+    if kind is int and text.isdigit():  # the common case, fast: a table has ~100k such cells
+        value = int(text)
+        if value >= (0 if col in ("in_h", "in_w") else 1):
+            return value
     try:
         value = float(text)
     except (TypeError, ValueError):
@@ -362,12 +375,36 @@ def choose_regressor(layers: Sequence[LayerSpec], values: np.ndarray,
     return min(errors, key=errors.get), errors
 
 
+# --- what is saved beside the table ------------------------------------------------------
+
+def _saved_doc(table: Optional[Path]) -> Optional[dict]:
+    """`regressors.json` beside the table, if it was written for exactly this table (its
+    SHA-256): the fitted regressors and the table's rows as read and checked then."""
+    path = None if table is None else Path(table).parent / REGRESSORS_FILE
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        digest = hashlib.sha256(Path(table).read_bytes()).hexdigest()
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") not in (1, 3) or data.get("table") != digest:
+        return None
+    return data
+
+
+def _rows_of_columns(columns: dict) -> list[dict]:
+    names = list(columns)
+    return [dict(zip(names, values)) for values in zip(*(columns[n] for n in names))]
+
+
 # --- the device ------------------------------------------------------------------------
 
 class LutDevice(CostModel):
     """Prices layers from a measured kernel table; see the module docstring."""
 
-    def __init__(self, spec: LutSpec, rows: Sequence[dict], source: Optional[Path] = None):
+    def __init__(self, spec: LutSpec, rows: Sequence[dict], source: Optional[Path] = None,
+                 saved: Optional[dict] = None):
         self.spec = spec
         self.name = spec.name
         self.source = source
@@ -380,10 +417,10 @@ class LutDevice(CostModel):
         by_key: dict[tuple, list[dict]] = {}
         self._rows: dict[str, list[dict]] = {}
         for row in rows:
-            layer = layer_from_row(row)
-            by_key.setdefault(layer.shape_key(), []).append(row)
+            by_key.setdefault(_row_key(row), []).append(row)
         for key, same in by_key.items():  # repeated kernels: their median
-            self._exact[key] = tuple(float(np.median([r[t] for r in same])) for t in self.targets)
+            self._exact[key] = tuple(float(same[0][t]) if len(same) == 1 else float(statistics.median(r[t] for r in same))
+                                     for t in self.targets)
             layer = layer_from_row(same[0])
             self._rows.setdefault(kernel_type(layer), []).append({**same[0], **dict(zip(self.targets, self._exact[key]))})
         self.chosen: dict[str, str] = {}
@@ -391,8 +428,9 @@ class LutDevice(CostModel):
             kind = spec.regressors.get(ktype, "additive")
             self.chosen[ktype] = kind if len(group) >= MIN_ROWS[kind] else "additive"
         self._models: dict[str, list] = {}  # fitted on first use (or restored from regressors.json)
-        self._saved = self._read_saved()
+        self._saved = self._saved_types(saved if saved is not None else _saved_doc(source))
         self._cache: dict[tuple, Optional[LayerCost]] = {}
+        self._largest: dict[str, float] = {}  # kernel type -> the work of its largest kernel
 
     @classmethod
     def from_spec_file(cls, data: dict[str, Any], path: Path) -> LutDevice:
@@ -415,22 +453,17 @@ class LutDevice(CostModel):
             path = folder / path
         if not path.is_file():
             raise ConfigError(f"{spec.name}: its kernel table {path} does not exist")
-        return cls(spec, read_lut(path), path)
+        saved = _saved_doc(path)  # holds the table already read and checked, while the table is unchanged
+        rows = _rows_of_columns(saved["rows"]) if saved and saved.get("rows") else read_lut(path)
+        return cls(spec, rows, path, saved or {})
 
     # -- regressors: fitted when first needed, or restored from regressors.json ---------
     def _table_hash(self) -> Optional[str]:
         return None if self.source is None else hashlib.sha256(Path(self.source).read_bytes()).hexdigest()
 
-    def _read_saved(self) -> dict:
-        """The regressors saved for exactly this table and these targets, by kernel type."""
-        path = None if self.source is None else Path(self.source).parent / REGRESSORS_FILE
-        if path is None or not path.is_file():
-            return {}
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        if data.get("format") != 1 or data.get("table") != self._table_hash() or data.get("targets") != self.targets:
+    def _saved_types(self, data: Optional[dict]) -> dict:
+        """The regressors saved for this table and these targets, by kernel type."""
+        if not data or data.get("targets") != self.targets:
             return {}
         return data.get("types", {})
 
@@ -438,6 +471,8 @@ class LutDevice(CostModel):
         if ktype not in self._models:
             kind, group = self.chosen[ktype], self._rows[ktype]
             saved = self._saved.get(ktype, {})
+            if isinstance(saved, str):  # kept as JSON text until a layer of its type is priced
+                saved = json.loads(saved)
             if saved.get("kind") == kind:
                 self._models[ktype] = [_MAKERS[kind]().restore(state) for state in saved["states"]]
             else:
@@ -450,11 +485,15 @@ class LutDevice(CostModel):
         """Fit every kernel type and write the regressors beside the table
         (`regressors.json`, tied to the table's hash), so that pricing needs no fitting
         (nearest-neighbour ones excepted: they are the rows themselves)."""
-        types = {k: {"kind": self.chosen[k], "states": [m.state for m in self._regressors(k)]}
+        # each type's regressors as JSON text of its own: a device parses only the types it prices
+        types = {k: json.dumps({"kind": self.chosen[k], "states": [m.state for m in self._regressors(k)]})
                  for k in self._rows if self.chosen[k] != "nearest"}
         path = Path(self.source).parent / REGRESSORS_FILE
-        path.write_text(json.dumps({"format": 1, "table": self._table_hash(), "targets": self.targets,
-                                    "types": types}), encoding="utf-8")
+        rows = read_lut(Path(self.source))
+        columns = [c for c in (*LUT_COLUMNS, *OPTIONAL_COLUMNS) if all(c in r for r in rows)]
+        path.write_text(json.dumps({"format": 3, "table": self._table_hash(), "targets": self.targets,
+                                    "types": types, "rows": {c: [r[c] for r in rows] for c in columns}}),
+                        encoding="utf-8")
         return path
 
     def _layer_cost(self, layer: LayerSpec) -> Optional[LayerCost]:
@@ -474,22 +513,28 @@ class LutDevice(CostModel):
             if key in self._exact:
                 self._cache[key] = self._cost(self._exact[key], "table")
                 continue
-            ktype = kernel_type(layer)
-            if ktype not in self._rows and layer.dequantized:  # a table without such kernels: as if fused
-                ktype = kernel_type(replace(layer, dequantized=False))
-            if ktype not in self._rows and (layer.w_bits, layer.a_bits) != (32, 32):
-                # bit widths the table has no kernels of (e.g. float weights on quantized
-                # activations): the float kernel, which is what such a QDQ group runs
-                layer = replace(layer, w_bits=32, a_bits=32, dequantized=False)
-                ktype = kernel_type(layer)
-            if ktype not in self._rows:
+            # The layer's kernel type; where the table has none of it, or only kernels far
+            # smaller than this one (a regressor's rate would be extrapolated from fixed
+            # costs), the same kernel fused, then the float kernel - what such a QDQ group runs.
+            candidates = [layer, replace(layer, dequantized=False),
+                          replace(layer, w_bits=32, a_bits=32, dequantized=False)]
+            known = [c for c in candidates if kernel_type(c) in self._rows]
+            if not known:
                 self._cache[key] = None
                 continue
-            todo.setdefault(ktype, {})[key] = layer
+            layer = next((c for c in known if self._covers(kernel_type(c), c)), known[0])
+            todo.setdefault(kernel_type(layer), {})[key] = layer
         for ktype, batch in todo.items():
             values = np.exp(np.column_stack([m.predict(list(batch.values())) for m in self._regressors(ktype)]))
             for key, v in zip(batch, values):
                 self._cache[key] = self._cost(tuple(float(x) for x in v), f"{self.chosen[ktype]} regressor")
+
+    COVER = 8.0  # a kernel type prices layers up to this many times the work of its largest kernel
+
+    def _covers(self, ktype: str, layer: LayerSpec) -> bool:
+        if ktype not in self._largest:
+            self._largest[ktype] = float(_work([layer_from_row(r) for r in self._rows[ktype]]).max())
+        return float(_work([layer])[0]) <= self.COVER * self._largest[ktype]
 
     def _cost(self, values: tuple[float, ...], how: str) -> LayerCost:
         per_layer = self.spec.overhead.per_layer_ms

@@ -149,6 +149,16 @@ def test_kernels_that_run_dequantized_are_priced_apart_or_as_fused(rows, tmp_pat
         read_lut(tmp_path / "bad.csv")
 
 
+def test_bit_widths_the_table_lacks_are_priced_as_float_kernels(rows):
+    from dataclasses import replace
+
+    dev = device(rows)  # float kernels only
+    layer = conv(24, 48, 16)
+    mixed = replace(layer, w_bits=32, a_bits=8, dequantized=True)  # float weights on quantized activations
+    assert dev.estimate([mixed]).latency_ms == pytest.approx(dev.estimate([layer]).latency_ms)
+    assert not dev.estimate([mixed]).unsupported
+
+
 def test_fitted_regressors_are_saved_beside_the_table_and_reused_only_for_it(tmp_path, rows):
     import json
 
@@ -158,12 +168,18 @@ def test_fitted_regressors_are_saved_beside_the_table_and_reused_only_for_it(tmp
     write_device(tmp_path, FittedDevice("t", spec, rows))
     saved = json.loads((tmp_path / "regressors.json").read_text())
     # (three add rows are too few for ridge: additive)
-    assert saved["types"]["conv"]["kind"] == "boost" and saved["types"]["add"]["kind"] == "additive"
+    kinds = {k: json.loads(v)["kind"] for k, v in saved["types"].items()}
+    assert kinds["conv"] == "boost" and kinds["add"] == "additive"
     unseen = [conv(48, 96, 24), conv(20, 40, 12, k=1), LayerSpec("add", 32, 32, (12, 12), (12, 12))]
     fitted = device(read_lut(tmp_path / "lut.csv"), **spec).estimate(unseen)  # fitted from the table
     loaded = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
     assert loaded._saved  # the saved regressors are used: no fitting
     assert loaded.estimate(unseen).latency_ms == pytest.approx(fitted.latency_ms, rel=1e-9)
+    # the table's rows come from the saved file too (faster than the CSV), as the CSV reads
+    from nasctl.hardware.lut import _rows_of_columns
+
+    assert _rows_of_columns(saved["rows"]) == read_lut(tmp_path / "lut.csv")
+    assert loaded._exact == device(read_lut(tmp_path / "lut.csv"), **spec)._exact
     # another table (one row's time changed) ignores them and refits
     changed = [{**rows[0], "latency_ms": rows[0]["latency_ms"] * 2}, *rows[1:]]
     write_lut(tmp_path / "lut.csv", changed)
@@ -171,3 +187,17 @@ def test_fitted_regressors_are_saved_beside_the_table_and_reused_only_for_it(tmp
     assert not again._saved
     refitted = device(read_lut(tmp_path / "lut.csv"), **spec).estimate(unseen)
     assert again.estimate(unseen).latency_ms == pytest.approx(refitted.latency_ms, rel=1e-9)
+
+
+def test_kernels_far_beyond_their_types_rows_are_priced_from_a_type_that_covers_them(rows):
+    # quantized, dequantized sigmoids measured only on tiny tensors (their time is fixed
+    # cost): a large one is priced from the float kernels, which cover its size
+    tiny = [row_from_layer(LayerSpec("act", c, c, (1, 1), (1, 1), w_bits=8, a_bits=8, fn="sigmoid", dequantized=True),
+                           2e-3 + c * 1e-4) for c in (8, 16, 32, 64, 128, 360)]
+    floats = [row_from_layer(LayerSpec("act", c, c, (hw, hw), (hw, hw), fn="sigmoid"), 1e-3 + c * hw * hw * 1e-7)
+              for c in (16, 64, 256) for hw in (8, 32, 112)]
+    dev = device(rows + tiny + floats)
+    big = LayerSpec("act", 96, 96, (112, 112), (112, 112), w_bits=8, a_bits=8, fn="sigmoid", dequantized=True)
+    assert dev.estimate([big]).latency_ms < 3 * (1e-3 + 96 * 112 * 112 * 1e-7)
+    small = LayerSpec("act", 48, 48, (1, 1), (1, 1), w_bits=8, a_bits=8, fn="sigmoid", dequantized=True)
+    assert dev.estimate([small]).latency_ms == pytest.approx(2e-3 + 48 * 1e-4, rel=0.3)  # from its own rows
