@@ -7,7 +7,7 @@ onnxruntime by the device's protocol, prices it with the device, and prints each
 model's error and the figures: the share of models within ±10% and ±5% of their
 measured latency, and the RMS percentage error.
 
-    python benchmarks/cpu_local.py [--workspace DIR] [--reprofile] [--kernels N] [--rounds N] [--json FILE]
+    python benchmarks/cpu_local.py [--workspace DIR] [--reprofile | --refit] [--kernels N] [--rounds N] [--json FILE]
 
 DIR defaults to runs/cpu-local-bench (git-ignored) beside this checkout's data.
 """
@@ -22,33 +22,52 @@ from pathlib import Path
 from nasctl import workspace
 from nasctl.hardware.fit import write_device
 from nasctl.hardware.loader import load_device
-from nasctl.hardware.measure.profile import profile_machine, validate_models
+from nasctl.hardware.measure.profile import MEASUREMENTS_FILE, profile_machine, refit_profile, validate_models
 from nasctl.hardware.measure.timing import Protocol
 
 DEFAULT_WORKSPACE = Path(__file__).resolve().parents[1] / "runs" / "cpu-local-bench"
+
+
+def ensure_device(folder: Path, reprofile: bool, kernels: int = 15000, rounds: int = 15, refit: bool = False):
+    """The `cpu-local` device of the workspace `folder`, profiled first if it has none
+    (or if `reprofile`), or fitted again from the networks its profile measured (`refit`);
+    the workspace becomes the current one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    workspace.set_workspace(folder)
+    spec = folder / "hardware" / "cpu-local" / "spec.yaml"
+    if refit and not reprofile:
+        t0 = time.perf_counter()
+        write_device(spec.parent, refit_profile("cpu-local", spec.parent))
+        print(f"fitted again from {spec.parent / MEASUREMENTS_FILE} in {time.perf_counter() - t0:.0f} s")
+    elif reprofile or not spec.is_file():
+        t0 = time.perf_counter()
+        fitted = profile_machine("cpu-local", Protocol(rounds=rounds), kernels=kernels)
+        write_device(spec.parent, fitted)
+        print(f"profiled {fitted.report['networks']} context networks ({fitted.report['layers']} kernels) "
+              f"in {time.perf_counter() - t0:.0f} s -> {spec.parent}")
+    else:
+        print(f"reusing the profile in {spec.parent}")
+    return load_device("cpu-local")
+
+
+def print_machine_state(summary: dict) -> None:
+    """How busy the machine was while validating, against the profile (`validate_models`)."""
+    if "machine_vs_profile" in summary:
+        print(f"the profile's reference networks ran {summary['machine_vs_profile']:.3f}x their profiled time "
+              f"(the machine's load now against the profile's typical chunk)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workspace", type=Path, default=DEFAULT_WORKSPACE, help="workspace holding hardware/cpu-local/")
     ap.add_argument("--reprofile", action="store_true", help="profile again even if the workspace has a profile")
+    ap.add_argument("--refit", action="store_true", help="fit the device again from the networks its profile measured")
     ap.add_argument("--kernels", type=int, default=15000, help="kernels to profile (nasctl hw profile --kernels)")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
     ap.add_argument("--json", type=Path, help="also write the full result as JSON here")
     args = ap.parse_args()
 
-    args.workspace.mkdir(parents=True, exist_ok=True)
-    workspace.set_workspace(args.workspace)
-    spec = args.workspace / "hardware" / "cpu-local" / "spec.yaml"
-    if args.reprofile or not spec.is_file():
-        t0 = time.perf_counter()
-        fitted = profile_machine("cpu-local", Protocol(rounds=args.rounds), kernels=args.kernels)
-        write_device(spec.parent, fitted)
-        print(f"profiled {fitted.report['networks']} context networks ({fitted.report['layers']} kernels) "
-              f"in {time.perf_counter() - t0:.0f} s -> {spec.parent}")
-    else:
-        print(f"reusing the profile in {spec.parent}")
-    device = load_device("cpu-local")
+    device = ensure_device(args.workspace, args.reprofile, args.kernels, args.rounds, args.refit)
 
     from nasctl.hardware.zoo import export_zoo
 
@@ -61,6 +80,7 @@ def main() -> None:
     s = doc["summary"]
     print(f"\n{s['models']} zoo models: {s['within_10pct'] * 100:.0f}% within ±10%, "
           f"{s['within_5pct'] * 100:.0f}% within ±5%, RMS error {s['rms_error_pct']:.1f}%")
+    print_machine_state(s)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2), encoding="utf-8")
 

@@ -89,7 +89,7 @@ def profile(
 
     Builds random networks of the blocks real models are made of, profiles every kernel
     inside them and times them end to end (interleaved rounds, minimum), then fits the
-    per-kernel regressors and the per-model overhead.  A few minutes with the defaults."""
+    per-kernel regressors and the per-model overhead.  About ten minutes with the defaults on two cores."""
     from ..hardware.fit import write_device
     from ..hardware.measure.profile import profile_machine
     from ..hardware.measure.timing import Protocol
