@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-_FIELDS = ("left", "right", "feature", "threshold", "value")
-
-
 def export(model) -> dict:
     """The data of a fitted GradientBoostingRegressor (one output)."""
     trees = [{"left": e.tree_.children_left.tolist(), "right": e.tree_.children_right.tolist(),
@@ -22,25 +19,33 @@ def export(model) -> dict:
 
 
 class Ensemble:
-    """Predictions of exported trees: init + learning rate x the sum of the leaf values."""
+    """Predictions of exported trees: init + learning rate x the sum of the leaf values.
+    The trees are held as one set of flat arrays and walked together, a level at a time."""
 
     def __init__(self, data: dict):
         self.init, self.rate = data["init"], data["learning_rate"]
-        self.trees = [tuple(np.array(tree[f]) for f in _FIELDS) for tree in data["trees"]]
+        trees = data["trees"]
+        sizes = [len(tree["left"]) for tree in trees]
+        self.roots = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
+        offset = np.repeat(self.roots, sizes)
+        children = {f: np.concatenate([np.asarray(tree[f], dtype=np.int64) for tree in trees]) for f in ("left", "right")}
+        self.left = np.where(children["left"] >= 0, children["left"] + offset, -1)
+        self.right = np.where(children["right"] >= 0, children["right"] + offset, -1)
+        self.feature = np.concatenate([np.asarray(tree["feature"], dtype=np.int64) for tree in trees])
+        self.threshold = np.concatenate([np.asarray(tree["threshold"], dtype=float) for tree in trees])
+        self.value = np.concatenate([np.asarray(tree["value"], dtype=float) for tree in trees])
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        X32 = np.asarray(X).astype(np.float32)  # scikit-learn's trees split float32 features
-        return self.init + self.rate * sum(_walk(tree, X32) for tree in self.trees)
-
-
-def _walk(tree, X: np.ndarray) -> np.ndarray:
-    """Leaf value each row of X reaches (a feature <= threshold goes left, as in scikit-learn)."""
-    left, right, feature, threshold, value = tree
-    node = np.zeros(len(X), dtype=np.int64)
-    rows = np.arange(len(X))
-    while True:
-        inner = left[node] >= 0
-        if not inner.any():
-            return value[node]
-        r, n = rows[inner], node[inner]
-        node[r] = np.where(X[r, feature[n]] <= threshold[n], left[n], right[n])
+        """A feature <= threshold goes left, as in scikit-learn, on float32 features as it
+        splits them."""
+        X32 = np.asarray(X).astype(np.float32)
+        rows = np.arange(len(X32))[None, :]
+        node = np.repeat(self.roots[:, None], len(X32), axis=1)  # trees x rows
+        while True:
+            left = self.left[node]
+            inner = left >= 0
+            if not inner.any():
+                return self.init + self.rate * self.value[node].sum(axis=0)
+            feature = np.where(inner, self.feature[node], 0)
+            go_left = X32[rows, feature] <= self.threshold[node]
+            node = np.where(inner, np.where(go_left, left, self.right[node]), node)

@@ -183,10 +183,14 @@ def kernel_type(layer: LayerSpec) -> str:
     """What a regressor is fitted per: the op, convs split into dense and depthwise, and
     the bit widths where they are not float32 (quantized kernels are other kernels, and
     those that run dequantized others again)."""
-    name = "conv_dw" if layer.op == "conv" and layer.groups == layer.in_ch and layer.groups > 1 else layer.op
-    if (layer.w_bits, layer.a_bits) == (32, 32):
+    return _type_of(layer.op, layer.groups, layer.in_ch, layer.w_bits, layer.a_bits, layer.dequantized)
+
+
+def _type_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequantized: bool) -> str:
+    name = "conv_dw" if op == "conv" and groups == in_ch and groups > 1 else op
+    if (w_bits, a_bits) == (32, 32):
         return name
-    return f"{name}_w{layer.w_bits}a{layer.a_bits}" + ("_dq" if layer.dequantized else "")
+    return f"{name}_w{w_bits}a{a_bits}" + ("_dq" if dequantized else "")
 
 
 # Activations runtimes do not fuse into a conv or linear kernel: an extra pass over the output.
@@ -421,8 +425,10 @@ class LutDevice(CostModel):
         for key, same in by_key.items():  # repeated kernels: their median
             self._exact[key] = tuple(float(same[0][t]) if len(same) == 1 else float(statistics.median(r[t] for r in same))
                                      for t in self.targets)
-            layer = layer_from_row(same[0])
-            self._rows.setdefault(kernel_type(layer), []).append({**same[0], **dict(zip(self.targets, self._exact[key]))})
+            row = same[0]
+            ktype = _type_of(row["op"], row["groups"], row["in_ch"], row["w_bits"], row["a_bits"],
+                             bool(row.get(DEQUANTIZED_COLUMN, 0)))
+            self._rows.setdefault(ktype, []).append({**row, **dict(zip(self.targets, self._exact[key]))})
         self.chosen: dict[str, str] = {}
         for ktype, group in self._rows.items():
             kind = spec.regressors.get(ktype, "additive")
