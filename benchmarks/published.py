@@ -10,7 +10,8 @@ at several resolutions.  Each is measured end to end with onnxruntime by the pro
 
 The set is split in two halves, fixed here, alternating within each family: `tuning`
 (what changes to the profiler and the importer were checked against) and `held-out`
-(looked at only to report).  The held-out half's figures are the result.
+(looked at only to report).  The held-out half's figures are the result (benchmarks/README.md
+says which one change a held-out model prompted).
 
     python benchmarks/published.py [--workspace DIR] [--split tuning|held-out|all] [--only NAME,...]
                                    [--rounds N] [--no-predict-timing] [--json FILE]

@@ -25,15 +25,17 @@ class Ensemble:
     def __init__(self, data: dict):
         self.init, self.rate = data["init"], data["learning_rate"]
         trees = data["trees"]
+
+        def flat(field: str, dtype) -> np.ndarray:
+            return np.concatenate([np.asarray(tree[field], dtype=dtype) for tree in trees])
+
         sizes = [len(tree["left"]) for tree in trees]
         self.roots = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
-        offset = np.repeat(self.roots, sizes)
-        children = {f: np.concatenate([np.asarray(tree[f], dtype=np.int64) for tree in trees]) for f in ("left", "right")}
-        self.left = np.where(children["left"] >= 0, children["left"] + offset, -1)
-        self.right = np.where(children["right"] >= 0, children["right"] + offset, -1)
-        self.feature = np.concatenate([np.asarray(tree["feature"], dtype=np.int64) for tree in trees])
-        self.threshold = np.concatenate([np.asarray(tree["threshold"], dtype=float) for tree in trees])
-        self.value = np.concatenate([np.asarray(tree["value"], dtype=float) for tree in trees])
+        offset = np.repeat(self.roots, sizes)  # child indices of each tree, into the flat arrays
+        left, right = flat("left", np.int64), flat("right", np.int64)
+        self.left, self.right = np.where(left >= 0, left + offset, -1), np.where(right >= 0, right + offset, -1)
+        self.feature, self.threshold, self.value = flat("feature", np.int64), flat("threshold", float), \
+            flat("value", float)
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """A feature <= threshold goes left, as in scikit-learn, on float32 features as it

@@ -12,8 +12,8 @@ cost as stored; any other layer is priced by a regressor fitted (the first time 
 needs it) to the rows of its kernel type (the op; convs split into dense and depthwise; quantized
 kernels apart from float ones, and those that run dequantized apart again - priced as
 fused ones where the table has none, or only kernels of less than an eighth of the
-layer's work, and then as float kernels, likewise) on log-scale features - MACs, elements read and
-written, weights, channels, positions, kernel area, stride, groups, bit widths, channel
+layer's work, and then as float kernels, likewise) on log-scale features - MACs, elements
+read and written, weights, channels, positions, kernel area, stride, groups, bit widths, channel
 alignment to vector blocks and the activation.  Predictions are of log latency, so
 prices are always positive.  The spec names each type's regressor (`regressors:`,
 chosen by `nasctl hw fit` / `hw profile` by cross-validated error):
@@ -423,8 +423,7 @@ class LutDevice(CostModel):
         for row in rows:
             by_key.setdefault(_row_key(row), []).append(row)
         for key, same in by_key.items():  # repeated kernels: their median
-            self._exact[key] = tuple(float(same[0][t]) if len(same) == 1 else float(statistics.median(r[t] for r in same))
-                                     for t in self.targets)
+            self._exact[key] = tuple(float(statistics.median(r[t] for r in same)) for t in self.targets)
             row = same[0]
             ktype = _type_of(row["op"], row["groups"], row["in_ch"], row["w_bits"], row["a_bits"],
                              bool(row.get(DEQUANTIZED_COLUMN, 0)))

@@ -8,8 +8,9 @@ inference (strict mode; where that fails, lenient mode, and the failure is noted
 computations inference cannot follow are folded to constants (rules here for the common
 ops, onnx's reference implementation for the others) and inference runs again; tensors
 still without a static shape get theirs from one run of the model with onnxruntime on a
-random input (noted), so that no layer is left unpriced for want of a shape.  A conv whose weight does not take its input's channels, or a matrix product
-whose inner dimensions differ, is refused naming the node: such a model cannot run.
+random input (noted), so that no layer is left unpriced for want of a shape.  A conv whose
+weight does not take its input's channels, or a matrix product whose inner dimensions
+differ, is refused naming the node: such a model cannot run.
 Then every node goes, in graph order, to the handler its op type names in a table
 (`HANDLERS`, which callers may extend or override:
 `import_onnx(path, handlers={**HANDLERS, "TopK": my_handler})`).  A handler returns the
@@ -609,7 +610,7 @@ def _fields(buf, start: int, end: int):
 
 _GRAPH, _INITIALIZER = 7, 5        # ModelProto.graph, GraphProto.initializer
 _TENSOR_VALUES = {4, 5, 6, 7, 9, 10, 11}  # TensorProto's float/int32/string/int64/raw/double/uint64 data
-_KEEP_BYTES = 40_000               # initializers up to this size keep their values: all of `_SMALL` elements
+_KEEP_BYTES = 40_000               # initializers up to this size keep their values (any of `_SMALL` elements)
 
 
 def _without_weights(buf) -> bytes:
@@ -803,15 +804,6 @@ def _infer(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
             model.graph.value_info.remove(vi)
 
 
-def _strip_weights(model: onnx.ModelProto) -> None:
-    """Drop the values of large initializers (their type and dims stay): nothing here reads
-    them, and shape inference copies the whole model each time it runs."""
-    for init in model.graph.initializer:
-        if prod(init.dims) > _SMALL:
-            for name in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
-                init.ClearField(name)
-
-
 def _run_for_shapes(model: onnx.ModelProto, notes: list[str]) -> None:
     """Where shape inference left tensors without a static shape (shapes computed in ways
     it cannot follow), run the model once with onnxruntime on a random input, every such
@@ -821,6 +813,8 @@ def _run_for_shapes(model: onnx.ModelProto, notes: list[str]) -> None:
 
     known = _static_shapes(model)
     g = model.graph
+    if all(known.get(o) is not None for n in g.node for o in n.output if o):
+        return
     const = _constants(model, _nodes(model))
     wanted = list(dict.fromkeys(o for n in g.node for o in n.output
                                 if o and known.get(o) is None and o not in const))
@@ -899,7 +893,7 @@ def _fold(model: onnx.ModelProto, shapes: Mapping[str, Optional[Shape]]) -> dict
         if name not in values and name in small:
             try:
                 values[name] = numpy_helper.to_array(small[name])
-            except ValueError:  # no values (left out when the model was read)
+            except ValueError:  # no values: left out when the model was read (over _KEEP_BYTES)
                 return None
         return values.get(name)
 
@@ -1041,7 +1035,6 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     """
     path = Path(path)
     model = load_model(path)
-    _strip_weights(model)
     fixed = _fix_inputs(model, input_shapes or {}, path)
     count = len(model.graph.node)
     notes: list[str] = []
@@ -1098,7 +1091,7 @@ def _float_in_runtime(path: Path) -> Optional[set[tuple[str, str]]]:
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
             so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
             ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-            optimized = onnx.load(so.optimized_model_filepath, load_external_data=False)
+            optimized = _read_model(Path(so.optimized_model_filepath))
     except Exception:  # noqa: BLE001 - the runtime cannot load it: the graph's structure decides
         return None
     return {(n.name, n.op_type) for n in optimized.graph.node if n.name and n.domain in ("", "ai.onnx")}

@@ -9,11 +9,11 @@ encoder-decoders (max pooling, nearest/linear resize or transposed conv, skip
 concatenation), and transformer / mixer blocks (layer norm, linear, attention matmuls,
 softmax, GELU; some with a depthwise conv in the MLP and a stand-alone activation, as
 PVT-v2; up to 1,600 narrow tokens, as the first stages of hierarchical transformers) -
-over inputs of 32-224 px, 3-1024 channels, kernels 1-7 (and patch
-embeddings), strides 1-2, dense, grouped and depthwise convs, float32 and int8 (conv nets and
-transformers quantized by onnxruntime's static quantizer, QDQ, weights per tensor or per
-channel, as users quantize models for onnxruntime; it runs them as QLinearConv / QGemm
-where it can).  Resizes are written as
+over inputs of 32-224 px, 3-1024 channels, kernels 1-9 (and patch embeddings), strides
+1-2, dense, grouped and depthwise convs, float32 and int8 (conv nets and transformers
+quantized by onnxruntime's static quantizer, QDQ, weights per tensor or per channel, as
+users quantize models for onnxruntime; it runs them as QLinearConv / QGemm where it
+can).  Resizes are written as
 exporters write them (the coordinate mode decides whether onnxruntime runs them in its
 blocked layout).  Every node of a kernel carries the kernel's tag (`TAG`) in its name, so
 onnxruntime's profile can be attributed back to kernels (`attribution`).
@@ -308,6 +308,7 @@ class _Blocks:
         return b.add(x, y) if stride == 1 and cin == cout else y
 
     def squeeze_excite(self, y, squeeze: Optional[int] = None):
+        """y times a gate of its pooled channels (squeeze to `squeeze` channels, default a quarter)."""
         b, rng = self.b, self.rng
         c = self.ch(y)
         pooled = b.global_pool(y) if rng.random() < 0.5 else b.spatial_mean(y)
