@@ -433,9 +433,12 @@ class LutDevice(CostModel):
             kind = spec.regressors.get(ktype, "additive")
             self.chosen[ktype] = kind if len(group) >= MIN_ROWS[kind] else "additive"
         self._models: dict[str, list] = {}  # fitted on first use (or restored from regressors.json)
-        self._saved = self._saved_types(saved if saved is not None else _saved_doc(source))
+        doc = saved if saved is not None else _saved_doc(source)
+        self._saved = self._saved_types(doc)
         self._cache: dict[tuple, Optional[LayerCost]] = {}
-        self._largest: dict[str, float] = {}  # kernel type -> the work of its largest kernel
+        # kernel type -> the work of its largest kernel (saved with the regressors)
+        self._largest: dict[str, float] = {k: float(v) for k, v in ((doc or {}).get("largest") or {}).items()
+                                           if k in self._rows}
 
     @classmethod
     def from_spec_file(cls, data: dict[str, Any], path: Path) -> LutDevice:
@@ -496,8 +499,10 @@ class LutDevice(CostModel):
         path = Path(self.source).parent / REGRESSORS_FILE
         rows = read_lut(Path(self.source))
         columns = [c for c in (*LUT_COLUMNS, *OPTIONAL_COLUMNS) if all(c in r for r in rows)]
+        largest = {k: self._largest_work(k) for k in self._rows}
         path.write_text(json.dumps({"format": 3, "table": self._table_hash(), "targets": self.targets,
-                                    "types": types, "rows": {c: [r[c] for r in rows] for c in columns}}),
+                                    "types": types, "largest": largest,
+                                    "rows": {c: [r[c] for r in rows] for c in columns}}),
                         encoding="utf-8")
         return path
 
@@ -537,9 +542,12 @@ class LutDevice(CostModel):
     COVER = 8.0  # a kernel type prices layers up to this many times the work of its largest kernel
 
     def _covers(self, ktype: str, layer: LayerSpec) -> bool:
+        return float(_work([layer])[0]) <= self.COVER * self._largest_work(ktype)
+
+    def _largest_work(self, ktype: str) -> float:
         if ktype not in self._largest:
             self._largest[ktype] = float(_work([layer_from_row(r) for r in self._rows[ktype]]).max())
-        return float(_work([layer])[0]) <= self.COVER * self._largest[ktype]
+        return self._largest[ktype]
 
     def _cost(self, values: tuple[float, ...], how: str) -> LayerCost:
         per_layer = self.spec.overhead.per_layer_ms

@@ -795,13 +795,22 @@ def _infer(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
                     and wanted & set(n.output)]
         if not replaced:
             return model
-        for node in replaced:
-            model.graph.node.remove(node)
-            model.graph.initializer.extend(numpy_helper.from_array(values[o], o) for o in node.output)
+        gone = {id(n) for n in replaced}
+        _keep_only(model.graph.node, [n for n in model.graph.node if id(n) not in gone])
+        model.graph.initializer.extend(numpy_helper.from_array(values[o], o) for n in replaced for o in n.output)
         # Shapes left symbolic are inferred afresh (inference keeps what value_info says).
-        stale = [vi for vi in model.graph.value_info if known.get(vi.name) is None or vi.name in values]
-        for vi in stale:
-            model.graph.value_info.remove(vi)
+        _keep_only(model.graph.value_info, [vi for vi in model.graph.value_info
+                                            if known.get(vi.name) is not None and vi.name not in values])
+
+
+def _keep_only(field, kept: list) -> None:
+    """Replace a repeated protobuf field's items by `kept` (one rebuild: removing items
+    one by one is quadratic in the field's length)."""
+    copies = [type(k)() for k in kept]
+    for c, k in zip(copies, kept):
+        c.CopyFrom(k)
+    del field[:]
+    field.extend(copies)
 
 
 def _run_for_shapes(model: onnx.ModelProto, notes: list[str]) -> None:
@@ -857,8 +866,7 @@ def _run_for_shapes(model: onnx.ModelProto, notes: list[str]) -> None:
                      f"once to find them failed: {' '.join(str(e).split())[:200]}")
         return
     found = {n: np.shape(values[n]) for n in wanted if n in values}
-    for vi in [vi for vi in g.value_info if vi.name in found]:
-        g.value_info.remove(vi)
+    _keep_only(g.value_info, [vi for vi in g.value_info if vi.name not in found])
     g.value_info.extend(helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(values[n].dtype), list(shape))
                         for n, shape in found.items())
     notes.append(f"shapes of {len(found)} tensors that shape inference could not find were read from one run of "
@@ -1035,6 +1043,15 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     """
     path = Path(path)
     model = load_model(path)
+    # Which QDQ groups onnxruntime fuses is read from the graph it optimizes the model into;
+    # its session is built on another thread (it releases the GIL) while shapes are inferred.
+    runtime = None
+    if any(n.op_type == "DequantizeLinear" for n in model.graph.node):
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=1)
+        runtime = pool.submit(_float_in_runtime, path)
+        pool.shutdown(wait=False)
     fixed = _fix_inputs(model, input_shapes or {}, path)
     count = len(model.graph.node)
     notes: list[str] = []
@@ -1069,7 +1086,8 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     written: dict[int, list[str]] = {}  # layer -> the tensors it produces
     for name, i in g.layer_of.items():
         written.setdefault(i, []).append(name)
-    apart = _float_in_runtime(path) if any(n.op_type == "DequantizeLinear" for n in g.nodes) else None
+    apart = runtime.result() if runtime is not None and any(n.op_type == "DequantizeLinear" for n in g.nodes) \
+        else None
     for i, node in enumerate(made_by):
         if _quantized_kernel(g.layers[i]) and _runs_dequantized(g, i, node, written.get(i, []), apart):
             g.layers[i] = replace(g.layers[i], dequantized=True)
@@ -1088,6 +1106,7 @@ def _float_in_runtime(path: Path) -> Optional[set[tuple[str, str]]]:
         with tempfile.TemporaryDirectory(prefix="nasctl-ort-") as tmp:
             so = ort.SessionOptions()
             so.log_severity_level = 3
+            so.intra_op_num_threads = so.inter_op_num_threads = 1  # no thread pools to start
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
             so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
             ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])

@@ -180,6 +180,10 @@ def test_fitted_regressors_are_saved_beside_the_table_and_reused_only_for_it(tmp
 
     assert _rows_of_columns(saved["rows"]) == read_lut(tmp_path / "lut.csv")
     assert loaded._exact == device(read_lut(tmp_path / "lut.csv"), **spec)._exact
+    # so is the largest kernel of each type (what decides whether a type covers a layer)
+    assert loaded._largest == {k: device(read_lut(tmp_path / "lut.csv"), **spec)._largest_work(k)
+                               for k in saved["largest"]}
+    assert set(saved["largest"]) == set(loaded._rows)
     # another table (one row's time changed) ignores them and refits
     changed = [{**rows[0], "latency_ms": rows[0]["latency_ms"] * 2}, *rows[1:]]
     write_lut(tmp_path / "lut.csv", changed)
