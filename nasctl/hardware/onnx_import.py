@@ -83,6 +83,7 @@ class Node:
     outputs: list[str]
     attrs: dict = field(default_factory=dict)
     members: tuple = ()  # the original nodes of a fused pattern
+    segment: int = 0     # early-exit If else-branches the node is nested in (0: the main graph)
 
 
 @dataclass
@@ -92,6 +93,9 @@ class ImportResult:
     nodes: int            # nodes in the model's graph
     inputs: dict[str, Shape]
     notes: list[str]      # what the user should know about the import (one line each)
+    # Early exits: their names (from If nodes named exit_<name>, else exit0, exit1, ...),
+    # outermost first, and "final" (the final classifier) last; ["final"] without exits.
+    exits: list[str] = field(default_factory=lambda: ["final"])
 
 
 class UnknownShape(Exception):
@@ -106,12 +110,13 @@ class Graph:
         g = model.graph
         self.const = const
         self.shapes = _static_shapes(model)
+        graphs = _graphs(model)
         self.types: dict[str, int] = {vi.name: vi.type.tensor_type.elem_type
-                                      for vi in (*g.input, *g.value_info, *g.output)}
-        self.types.update((init.name, init.data_type) for init in g.initializer)
-        self.outputs = {o.name for o in g.output}
+                                      for sg in graphs for vi in (*sg.input, *sg.value_info, *sg.output)}
+        self.types.update((init.name, init.data_type) for sg in graphs for init in sg.initializer)
+        self.outputs = _graph_outputs(model)  # those of early-exit branches included
         self.nodes = nodes
-        self.names = {n.name for n in g.node if n.name}  # the model's own node names
+        self.names = {n.name for sg in graphs for n in sg.node if n.name}  # the model's own node names
         self.producer, self.consumers = _links(nodes)
         self.layers: list[LayerSpec] = []
         self.layer_of: dict[str, int] = {}  # tensor -> index of the layer that produces it
@@ -560,6 +565,147 @@ def _fuse_patterns(nodes: list[Node], const: set[str], patterns: Sequence[Patter
     return result
 
 
+# --- early exits: If-nested branches ----------------------------------------------------
+#
+# `nasctl export` writes a network with early exits as nested If nodes, one per exit
+# (named exit_<name>): the condition is the exit's decision (its confidence against a
+# threshold), the then-branch passes the exit head's logits (and the exit's index) on,
+# and the else-branch computes the rest of the network, the next exit's If included.
+# Their nodes are imported as one list: a layer's `segment` is the number of else-branches
+# it is nested in; exit heads (whose values reach a then-branch, never an else-branch or
+# the model's outputs) get role "exit"; decision nodes (whose values reach only If
+# conditions) are not priced.  Other If nodes (and loops) are not looked into.
+
+_BRANCH_OPS = frozenset({"Identity", "Constant"})
+
+
+def _branches(node: onnx.NodeProto) -> dict[str, onnx.GraphProto]:
+    return {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+
+
+def _exit_if(node: onnx.NodeProto) -> bool:
+    """Whether `node` is an early exit: an If whose then-branch only passes values on."""
+    if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+        return False
+    b = _branches(node)
+    return "then_branch" in b and "else_branch" in b and all(n.op_type in _BRANCH_OPS for n in b["then_branch"].node)
+
+
+def _flat(graph: onnx.GraphProto, depth: int = 0):
+    """(node, depth) of each node of `graph`, the branches of each early-exit If in its
+    place (before it): its then-branch at `depth`, its else-branch one deeper."""
+    for node in graph.node:
+        if _exit_if(node):
+            b = _branches(node)
+            yield from _flat(b["then_branch"], depth)
+            yield from _flat(b["else_branch"], depth + 1)
+        yield node, depth
+
+
+def _exits(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The early-exit If nodes, outermost first."""
+    found, graph = [], model.graph
+    while True:
+        node = next((n for n in graph.node if _exit_if(n)), None)
+        if node is None:
+            return found
+        found.append(node)
+        graph = _branches(node)["else_branch"]
+
+
+def _graphs(model: onnx.ModelProto) -> list[onnx.GraphProto]:
+    """The main graph and the branches of its early-exit If nodes."""
+    out = [model.graph]
+    for node, _ in _flat(model.graph):
+        if _exit_if(node):
+            b = _branches(node)
+            out += [b["then_branch"], b["else_branch"]]
+    return out
+
+
+def _graph_outputs(model: onnx.ModelProto) -> set[str]:
+    """The values leaving a graph: the model's outputs and those of early-exit branches."""
+    return {o.name for g in _graphs(model) for o in g.output}
+
+
+def exit_names(model: onnx.ModelProto) -> list[str]:
+    """The exits' names (exit_<name> If nodes: <name>; others exit0, exit1, ...), then "final"."""
+    names: list[str] = []
+    for k, node in enumerate(_exits(model)):
+        name = node.name[5:] if node.name.startswith("exit_") else ""
+        names.append(name if name and name not in names and name != "final" else f"exit{k}")
+    return [*names, "final"]
+
+
+def _unique_branch_names(model: onnx.ModelProto) -> None:
+    """Rename the values defined in early-exit branches that another graph defines too
+    (sibling branches may reuse names), so that every value has one producer."""
+    seen = {i.name for i in (*model.graph.input, *model.graph.initializer)}
+    seen.update(o for n in model.graph.node for o in n.output if o)
+
+    def rename(graph: onnx.GraphProto, outer: dict[str, str]) -> None:
+        scope = dict(outer)
+
+        def define(name: str) -> str:
+            if not name:
+                return name
+            new, i = name, 0
+            while new in seen:
+                i += 1
+                new = f"{name}__{i}"
+            seen.add(new)
+            scope[name] = new
+            return new
+
+        for init in graph.initializer:
+            init.name = define(init.name)
+        for node in graph.node:
+            node.input[:] = [scope.get(i, i) for i in node.input]
+            if _exit_if(node):
+                for branch in _branches(node).values():
+                    rename(branch, scope)
+            node.output[:] = [define(o) for o in node.output]
+        for vi in (*graph.output, *graph.value_info):
+            vi.name = scope.get(vi.name, vi.name)
+
+    for node in model.graph.node:
+        if _exit_if(node):
+            for branch in _branches(node).values():
+                rename(branch, {})
+
+
+def _exit_reach(nodes: list[Node], consumers: Mapping[str, list[Node]], model: onnx.ModelProto) -> dict[int, set]:
+    """For each node (by id), where its values lead: "then" (an exit's then-branch
+    output), "out" (an else-branch's or the model's output), "cond" (an exit's condition)."""
+    exits = _exits_all(model)
+    ifs = {o for n in exits for o in n.output}
+    sinks: dict[str, str] = {o.name: "out" for o in model.graph.output}
+    for node in exits:
+        b = _branches(node)
+        sinks.update((o.name, "out") for o in b["else_branch"].output)
+        sinks.update((o.name, "then") for o in b["then_branch"].output)
+    reach: dict[int, set] = {}
+    for node in reversed(nodes):
+        if node.op_type == "If" and node.outputs and node.outputs[0] in ifs:
+            continue
+        r: set = set()
+        for name in node.outputs:
+            if name in sinks:
+                r.add(sinks[name])
+            for c in consumers.get(name, ()):
+                if c.op_type == "If" and c.outputs and c.outputs[0] in ifs:
+                    r.add("cond")  # an exit reads only its condition
+                else:
+                    r |= reach.get(id(c), set())
+        reach[id(node)] = r
+    return reach
+
+
+def _exits_all(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Every early-exit If node (nested ones included)."""
+    return [n for n, _ in _flat(model.graph) if _exit_if(n)]
+
+
 # --- loading -------------------------------------------------------------------------
 
 # --- reading a model without its weights' values ---------------------------------------
@@ -874,14 +1020,19 @@ def _run_for_shapes(model: onnx.ModelProto, notes: list[str]) -> None:
 
 
 def _static_shapes(model: onnx.ModelProto) -> dict[str, Optional[Shape]]:
+    """Each tensor's static shape (None: not static), those of early-exit branches included."""
     shapes: dict[str, Optional[Shape]] = {}
-    for vi in (*model.graph.input, *model.graph.value_info, *model.graph.output):
-        t = vi.type.tensor_type
-        dims = t.shape.dim if t.HasField("shape") else None
-        ok = dims is not None and all(d.HasField("dim_value") for d in dims)
-        shapes[vi.name] = tuple(d.dim_value for d in dims) if ok else None
-    for init in model.graph.initializer:
-        shapes[init.name] = tuple(init.dims)
+    graphs = _graphs(model)
+    for g in graphs:
+        for vi in (*g.input, *g.value_info, *g.output):
+            t = vi.type.tensor_type
+            dims = t.shape.dim if t.HasField("shape") else None
+            ok = dims is not None and all(d.HasField("dim_value") for d in dims)
+            if ok or shapes.get(vi.name) is None:
+                shapes[vi.name] = tuple(d.dim_value for d in dims) if ok else None
+    for g in graphs:
+        for init in g.initializer:
+            shapes[init.name] = tuple(init.dims)
     return shapes
 
 
@@ -893,7 +1044,7 @@ _NEVER_FOLDED = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantiz
 def _fold(model: onnx.ModelProto, shapes: Mapping[str, Optional[Shape]]) -> dict[str, "np.ndarray"]:
     """Values of the small tensors computed from constants and shapes alone (nodes
     of the default domain whose ops `_FOLD` knows); initializers are not returned."""
-    small = {i.name: i for i in model.graph.initializer
+    small = {i.name: i for g in _graphs(model) for i in g.initializer
              if prod(i.dims) <= _SMALL and i.data_location != TensorProto.EXTERNAL}
     values: dict[str, np.ndarray] = {}
 
@@ -906,7 +1057,7 @@ def _fold(model: onnx.ModelProto, shapes: Mapping[str, Optional[Shape]]) -> dict
         return values.get(name)
 
     get = onnx.helper.get_attribute_value
-    for node in model.graph.node:
+    for node, _ in _flat(model.graph):
         if node.domain not in ("", "ai.onnx") or node.op_type in _NEVER_FOLDED \
                 or any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute):
             continue
@@ -1015,17 +1166,18 @@ _FOLD: dict[str, Callable] = {
 
 
 def _nodes(model: onnx.ModelProto) -> list[Node]:
+    """The model's nodes, those of early-exit branches included (`_flat`)."""
     get = onnx.helper.get_attribute_value
     return [Node(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}",
                  n.name or f"{n.op_type}_{i}", list(n.input), list(n.output),
-                 {a.name: get(a) for a in n.attribute if a.type != onnx.AttributeProto.GRAPH})
-            for i, n in enumerate(model.graph.node)]
+                 {a.name: get(a) for a in n.attribute if a.type != onnx.AttributeProto.GRAPH}, segment=depth)
+            for i, (n, depth) in enumerate(_flat(model.graph))]
 
 
 def _constants(model: onnx.ModelProto, nodes: list[Node]) -> set[str]:
     """Tensors known when the model is loaded: weights, constants, shapes, and what is
     computed from them alone."""
-    const = {i.name for i in model.graph.initializer}
+    const = {i.name for g in _graphs(model) for i in g.initializer}
     for node in nodes:
         if node.op_type in ("Shape", "Size") or all(not i or i in const for i in node.inputs):
             const.update(node.outputs)
@@ -1043,30 +1195,42 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     """
     path = Path(path)
     model = load_model(path)
+    exits = exit_names(model)
+    if len(exits) > 1:
+        _unique_branch_names(model)
     # Which QDQ groups onnxruntime fuses is read from the graph it optimizes the model into;
     # its session is built on another thread (it releases the GIL) while shapes are inferred.
     runtime = None
-    if any(n.op_type == "DequantizeLinear" for n in model.graph.node):
+    if any(n.op_type == "DequantizeLinear" for n, _ in _flat(model.graph)):
         from concurrent.futures import ThreadPoolExecutor
 
         pool = ThreadPoolExecutor(max_workers=1)
         runtime = pool.submit(_float_in_runtime, path)
         pool.shutdown(wait=False)
     fixed = _fix_inputs(model, input_shapes or {}, path)
-    count = len(model.graph.node)
+    count = sum(1 for _ in _flat(model.graph))
     notes: list[str] = []
     model = _infer(model, notes)
     _run_for_shapes(model, notes)
     table = HANDLERS if handlers is None else handlers
     nodes = _nodes(model)
     const = _constants(model, nodes)
-    outputs = {o.name for o in model.graph.output}
+    outputs = _graph_outputs(model)
     g = Graph(model, _fuse_patterns(nodes, const, PATTERNS if patterns is None else patterns, outputs), const)
     unsupported: Counter = Counter()
     made_by: list[Node] = []  # the node each layer comes from
+    reach = _exit_reach(g.nodes, g.consumers, model) if len(exits) > 1 else None
+    decisions = 0
     for node in g.nodes:
         if all(o in const for o in node.outputs):
             continue  # computed on constants alone: folded when the model loads
+        if reach is not None:
+            where = reach.get(id(node))
+            if where is None:
+                continue  # an exit's If: its branches' nodes are imported in their place
+            if where == {"cond"}:
+                decisions += 1  # an exit decision: not priced
+                continue
         handler = table.get(node.op_type)
         try:
             layers = handler(node, g) if handler is not None else None
@@ -1078,6 +1242,9 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
         if layers is None:
             unsupported[node.op_type] += 1
             continue
+        if reach is not None:
+            role = "exit" if "then" in where and "out" not in where else "backbone"
+            layers = [replace(layer, segment=node.segment, role=role) for layer in layers]
         g.layers.extend(layers)
         made_by.extend([node] * len(layers))
         if layers:
@@ -1091,7 +1258,10 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     for i, node in enumerate(made_by):
         if _quantized_kernel(g.layers[i]) and _runs_dequantized(g, i, node, written.get(i, []), apart):
             g.layers[i] = replace(g.layers[i], dequantized=True)
-    return ImportResult(g.layers, unsupported, count, fixed, notes)
+    if decisions:
+        notes.append(f"{decisions} nodes of the exits' decisions (each exit's confidence against its threshold) "
+                     f"are not priced")
+    return ImportResult(g.layers, unsupported, count, fixed, notes, exits)
 
 
 def _float_in_runtime(path: Path) -> Optional[set[tuple[str, str]]]:
@@ -1105,7 +1275,7 @@ def _float_in_runtime(path: Path) -> Optional[set[tuple[str, str]]]:
 
         with tempfile.TemporaryDirectory(prefix="nasctl-ort-") as tmp:
             so = ort.SessionOptions()
-            so.log_severity_level = 3
+            so.log_severity_level = 4  # fatal only: a model it cannot load is handled below
             so.intra_op_num_threads = so.inter_op_num_threads = 1  # no thread pools to start
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
             so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
@@ -1113,7 +1283,19 @@ def _float_in_runtime(path: Path) -> Optional[set[tuple[str, str]]]:
             optimized = _read_model(Path(so.optimized_model_filepath))
     except Exception:  # noqa: BLE001 - the runtime cannot load it: the graph's structure decides
         return None
-    return {(n.name, n.op_type) for n in optimized.graph.node if n.name and n.domain in ("", "ai.onnx")}
+    return {(n.name, n.op_type) for n in _all_nodes(optimized.graph) if n.name and n.domain in ("", "ai.onnx")}
+
+
+def _all_nodes(graph: onnx.GraphProto):
+    """The graph's nodes and those of every subgraph in them (If branches, loop bodies)."""
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _all_nodes(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sub in a.graphs:
+                    yield from _all_nodes(sub)
 
 
 def _quantized_kernel(layer: LayerSpec) -> bool:
