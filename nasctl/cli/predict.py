@@ -1,9 +1,16 @@
-"""`nasctl predict`: price an ONNX model on a device."""
+"""`nasctl predict`: price an ONNX model on a device.
+
+A model with early exits (the If-nested graph `nasctl export` writes) is priced per exit
+path: the cost of reaching each exit (the backbone up to it and every exit head passed,
+its own included), and, given exit rates (`--exit-rates`, else the `card.yaml` beside the
+model), the expected latency, energy and EDP over the exits, as the search records them.
+"""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
@@ -22,14 +29,28 @@ def predict(
              "from the model's; batch must be 1.")] = None,
     per_layer: Annotated[bool, typer.Option("--per-layer", help="Also print a table of every layer.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+    exit_rates: Annotated[Optional[str], typer.Option(
+        "--exit-rates", show_default=False,
+        help="Share of inputs leaving at each exit of an early-exit model, NAME=SHARE,... (e.g. "
+             "s1=0.3,s2=0.2,final=0.5; exits not named get 0; the shares sum to 1), for the expected "
+             "latency, energy and EDP. Default: figures.run.exit_rates of the card.yaml beside the model.")] = None,
 ):
-    """Price an ONNX model on a device: latency, energy, MACs, parameters, weight bytes."""
+    """Price an ONNX model on a device: latency, energy, MACs, parameters, weight bytes;
+    for a model with early exits, the cost of each exit path and the expected cost."""
     from ..hardware.loader import load_device
     from ..hardware.onnx_import import import_onnx
 
     shapes = parse_input_shapes(input_shape or [])
+    given_rates = parse_exit_rates(exit_rates) if exit_rates is not None else None
     cost_model = load_device(device)
     imported = import_onnx(model, shapes)
+    exits = list(imported.exits)
+    if given_rates is not None:
+        rates = check_exit_rates(given_rates, exits, "--exit-rates")
+    elif len(exits) > 1:
+        rates = card_exit_rates(Path(model).parent / "card.yaml", exits)
+    else:
+        rates = None
     report = cost_model.estimate(imported.layers)
     for note in imported.notes:
         typer.echo(f"note: {note}", err=True)
@@ -56,6 +77,8 @@ def predict(
            "params": sum(layer.params for layer in report.layers),
            "weight_bytes": sum(layer.weight_bytes for layer in report.layers),
            "layers": layers, "unsupported": not_priced, "covered_nodes_share": covered}
+    if len(exits) > 1 or rates is not None:
+        doc.update(_exit_figures(report, exits, rates, cost_model.models_energy))
     if as_json:
         return print_json(doc)
     if per_layer:
@@ -78,6 +101,89 @@ def parse_input_shapes(values: list[str]) -> dict[Optional[str], tuple[int, ...]
                              f"or NAME:1x3x224x224")
         shapes[name or None] = shape
     return shapes
+
+
+def parse_exit_rates(value: str) -> dict[str, float]:
+    """'s1=0.3,s2=0.2,final=0.5' as {name: share} (names checked against the model later)."""
+    rates: dict[str, float] = {}
+    example = "e.g. s1=0.3,final=0.7"
+    for item in (part.strip() for part in value.split(",")):
+        name, eq, share = (t.strip() for t in item.partition("="))
+        try:
+            number = float(share)
+        except ValueError:
+            number = math.nan
+        if not eq or not name or not share:
+            raise UsageError(f"--exit-rates '{item}': expected NAME=SHARE, the shares numbers in [0, 1], {example}")
+        if not 0.0 <= number <= 1.0:
+            raise UsageError(f"--exit-rates '{item}': the share '{share}' is not a number in [0, 1]; {example}")
+        if name in rates:
+            raise UsageError(f"--exit-rates: exit '{name}' is given twice; give each exit once, {example}")
+        rates[name] = number
+    return rates
+
+
+def check_exit_rates(rates: dict[str, Any], exits: list[str], source: str) -> dict[str, float]:
+    """The share of each of the model's `exits` (0 where not given); `source` names where
+    the rates come from in the one-line error for an unknown exit, a share outside [0, 1]
+    or shares not summing to 1."""
+    for name, share in rates.items():
+        if name not in exits:
+            raise UsageError(f"{source}: the model has no exit '{name}'; its exits: {', '.join(exits)}")
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            raise UsageError(f"{source}: the share of exit '{name}' is {share!r}, not a number in [0, 1]")
+    total = sum(float(v) for v in rates.values())
+    if abs(total - 1.0) > 1e-6:
+        raise UsageError(f"{source}: the shares sum to {total:.6g}, not 1 (exits not named count 0; the model's "
+                         f"exits: {', '.join(exits)})")
+    return {name: float(rates.get(name, 0.0)) for name in exits}
+
+
+def card_exit_rates(card: Path, exits: list[str]) -> Optional[dict[str, float]]:
+    """The exit rates of the model card `card` (keys `exits`, the exit names with final
+    last, and `figures.run.exit_rates`); None where there is no card."""
+    if not card.is_file():
+        return None
+    import yaml
+
+    try:
+        doc = yaml.safe_load(card.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        reason = " ".join(str(e).split())[:200]
+        raise UsageError(f"{card}: cannot read it as YAML ({reason}); fix it or give --exit-rates") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{card}: not a mapping of keys (a model card has exits and figures.run.exit_rates); "
+                         f"fix it or give --exit-rates")
+    names = doc.get("exits")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise UsageError(f"{card}: no key 'exits' listing the exit names (final last); fix it or give --exit-rates")
+    if names != exits:
+        raise UsageError(f"{card}: its exits [{', '.join(names)}] are not the model's [{', '.join(exits)}]; "
+                         f"is it the card of another model? give --exit-rates instead")
+    run = (doc.get("figures") or {}).get("run") if isinstance(doc.get("figures"), dict) else None
+    rates = run.get("exit_rates") if isinstance(run, dict) else None
+    if not isinstance(rates, dict) or not rates:
+        raise UsageError(f"{card}: no key 'figures.run.exit_rates' (a mapping of exit name to share); fix it or "
+                         f"give --exit-rates")
+    return check_exit_rates({str(k): v for k, v in rates.items()}, exits, f"{card}: figures.run.exit_rates")
+
+
+def _exit_figures(report, exits: list[str], rates: Optional[dict[str, float]], models_energy: bool) -> dict:
+    """`exits`: the cost of reaching each exit; `expected`: over the exit rates (given any)."""
+    from ..hardware.base import expected_cost
+
+    lat, en = report.exit_path_costs()
+    lat = (lat + [lat[-1]] * len(exits))[:len(exits)]  # a segment without priced layers adds nothing
+    en = (en + [en[-1]] * len(exits))[:len(exits)] if en is not None and models_energy else None
+    doc: dict = {"exits": [{"name": name, "latency_ms": lat[k], "energy_mj": None if en is None else en[k]}
+                           for k, name in enumerate(exits)]}
+    if rates is not None:
+        shares = [rates[name] for name in exits]
+        latency = expected_cost(lat, shares)
+        energy = None if en is None else expected_cost(en, shares)
+        doc["expected"] = {"latency_ms": latency, "energy_mj": energy,
+                           "edp": None if energy is None else latency * energy, "exit_rates": dict(rates)}
+    return doc
 
 
 def _layer_row(layer, cost) -> dict:
@@ -113,6 +219,10 @@ def _scaled(value: Optional[float]) -> str:
     return "-" if value is None else f"{value * 1e3:.4g}"
 
 
+def _mj(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.4g} mJ"
+
+
 def _print_totals(doc: dict, models_energy: bool) -> None:
     if doc["energy_mj"] is not None:
         energy = f"{doc['energy_mj']:.4g} mJ"
@@ -128,5 +238,16 @@ def _print_totals(doc: dict, models_energy: bool) -> None:
     if doc["unsupported"]:
         lines.append(f"  latency and energy exclude what was not priced (listed on stderr): they cover "
                      f"{doc['covered_nodes_share']:.0%} of the {doc['nodes']} nodes")
+    if "exits" in doc:
+        width = max(len(e["name"]) for e in doc["exits"])
+        lines.append("  exit paths (the backbone up to each exit and the exit heads passed):")
+        lines += [f"    {e['name']:<{width}}  {e['latency_ms']:.4g} ms  {_mj(e['energy_mj'])}" for e in doc["exits"]]
+    if "expected" in doc:
+        x = doc["expected"]
+        shares = ", ".join(f"{name} {share:.4g}" for name, share in x["exit_rates"].items())
+        edp = "n/a" if x["edp"] is None else f"{x['edp']:.4g} mJ·ms"
+        lines += [f"  expected over the exit rates ({shares}):",
+                  f"    latency  {x['latency_ms']:.4g} ms", f"    energy   {_mj(x['energy_mj'])}",
+                  f"    EDP      {edp}"]
     for line in lines:
         out.print(line, markup=False, highlight=False, soft_wrap=True)
