@@ -107,7 +107,6 @@ class Graph:
     layers emitted so far (which later handlers may fuse into)."""
 
     def __init__(self, model: onnx.ModelProto, nodes: list[Node], const: set[str]):
-        g = model.graph
         self.const = const
         self.shapes = _static_shapes(model)
         graphs = _graphs(model)
@@ -584,11 +583,13 @@ def _branches(node: onnx.NodeProto) -> dict[str, onnx.GraphProto]:
 
 
 def _exit_if(node: onnx.NodeProto) -> bool:
-    """Whether `node` is an early exit: an If whose then-branch only passes values on."""
+    """Whether `node` is an early exit: an If whose then-branch only passes values on and
+    whose else-branch computes."""
     if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
         return False
     b = _branches(node)
-    return "then_branch" in b and "else_branch" in b and all(n.op_type in _BRANCH_OPS for n in b["then_branch"].node)
+    return "then_branch" in b and "else_branch" in b and all(n.op_type in _BRANCH_OPS for n in b["then_branch"].node) \
+        and any(n.op_type not in _BRANCH_OPS for n in b["else_branch"].node)
 
 
 def _flat(graph: onnx.GraphProto, depth: int = 0):
@@ -1028,8 +1029,7 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, Optional[Shape]]:
             t = vi.type.tensor_type
             dims = t.shape.dim if t.HasField("shape") else None
             ok = dims is not None and all(d.HasField("dim_value") for d in dims)
-            if ok or shapes.get(vi.name) is None:
-                shapes[vi.name] = tuple(d.dim_value for d in dims) if ok else None
+            shapes[vi.name] = tuple(d.dim_value for d in dims) if ok else None
     for g in graphs:
         for init in g.initializer:
             shapes[init.name] = tuple(init.dims)
