@@ -78,6 +78,7 @@ class SearchConfig(BaseModel):
     threads: Optional[int] = Field(default=None, ge=1)  # torch CPU threads per training (default: see
                                                         # nasctl.engine.train_threads)
     surrogate: Optional[str] = None  # a predictor model kind screening the proposals
+    keep_weights: Literal["all", "front", "none"] = "all"  # trained networks kept in the run's models/
     screen: Optional[int] = Field(default=None, ge=2)  # candidates proposed per real evaluation with a
                                                        # surrogate (default: 5; strategy auto: its own)
 

@@ -112,6 +112,7 @@ class Evaluator:
             raise UsageError(f"repeats {cfg.repeats}: repeated trainings need accuracy 'proxy', "
                              f"not '{cfg.accuracy}'")
         self.dataset = self.acc_table = self.acc_model = None
+        self.keep_in: Path | None = None  # the run folder whose models/ keeps trained networks (see kept_in)
         if cfg.accuracy == "proxy":
             from .evaluation.datasets import load_dataset
             from .evaluation.train import TrainSettings, resolve_train_device
@@ -232,11 +233,40 @@ class Evaluator:
         from .evaluation.train import evaluate
 
         runs = [evaluate(self.net_space, net, self.dataset, self.settings,
-                         seed=candidate_seed(self.cfg.seed, key if r == 0 else f"{key}#{r}"))
+                         seed=candidate_seed(self.cfg.seed, key if r == 0 else f"{key}#{r}"),
+                         keep=self._keeper(net, key, candidate_seed(self.cfg.seed, key)) if r == 0 else None)
                 for r in range(self.cfg.repeats)]
         self._exit_accuracies[key] = np.mean([res.exit_accuracies for res in runs], axis=0).tolist()
         return (float(np.mean([res.accuracy for res in runs])),
                 np.mean([res.exit_rates for res in runs], axis=0).tolist())
+
+    def _keeper(self, net: dict, key: str, seed: int):
+        """What saves a trained network in the run's models/ folder (None: nothing kept).
+        With --repeats, the first training is kept, with its own figures."""
+        if self.keep_in is None:
+            return None
+        from .evaluation import kept
+
+        def keep(model, result) -> None:
+            cfg, data = self.cfg, self.dataset
+            kept.save(kept.folder_of(self.keep_in, key), model.state_dict(), {
+                "arch": net, "arch_key": key,
+                "space": {"name": self.net_space.name, "file": str(cfg.path("space")),
+                          "sha256": kept.sha256(Path(cfg.path("space")))},
+                "input_shape": list(data.input_shape), "classes": data.classes,
+                "normalisation": data.normalisation,
+                "dataset": {"name": cfg.dataset, "split_seed": cfg.seed},
+                "exits": self.net_space.active_exits(net), "exit_policy": self.settings.exit_policy,
+                "thresholds": result.thresholds,
+                "figures": {"accuracy": result.accuracy, "exit_rates": result.exit_rates,
+                            "exit_accuracies": result.exit_accuracies, "val_accuracy": result.val_accuracy},
+                "training": {"epochs": self.settings.epochs, "batch_size": self.settings.batch_size,
+                             "lr": self.settings.lr, "weight_decay": self.settings.weight_decay,
+                             "exit_weight": self.settings.exit_weight, "seed": seed,
+                             "exit_tolerance": net.get("exit_tolerance", self.settings.exit_tolerance),
+                             "exit_rates": self.settings.exit_rates},
+            })
+        return keep
 
     def costs(self, arch: dict) -> dict:
         """What pricing `arch` gives whatever its exit rates: layer totals, per-exit path
@@ -336,6 +366,7 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
         run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{evaluator.space.name}-{cfg.strategy}-s{cfg.seed}"
         store = RunStore.create(run_dir, run_id, evaluator.columns)
         store.write_config({**cfg.model_dump(), "resolved": {**evaluator.resolved(), **auto}})
+    evaluator.keep_in = kept_in(cfg, store.path)
     trials = TrialStore(storage_url(cfg, store.path), study_name(cfg, store.path), directions(cfg),
                         evaluator.space, cfg.seed, objectives=cfg.objectives)
     index = trials.register(cfg.model_dump(), resume)
@@ -364,6 +395,10 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
         store.write_trials(rows)
         front = pareto_front(rows, cfg.objectives)
         store.write_pareto(front)
+        if cfg.keep_weights == "front" and not any(w.is_alive() for w in workers):
+            from .evaluation import kept
+
+            kept.prune(store.path, {_net_key(cfg, r["arch"]) for r in front})
         if rows:
             from .runs import write_summary
 
@@ -388,6 +423,21 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
 # Memory one local worker process takes (torch, the dataset, a small candidate in training):
 # about 210 MB measured for digits; more is kept free for the rest of the machine.
 WORKER_BYTES = 300 * 2**20
+
+
+def kept_in(cfg: SearchConfig, run_dir: Path) -> Path | None:
+    """The run folder whose models/ keeps the trained networks; None (nothing kept) with
+    --keep-weights none or where accuracy does not come from training."""
+    return None if cfg.keep_weights == "none" or cfg.accuracy != "proxy" else run_dir
+
+
+def _net_key(cfg: SearchConfig, key: str) -> str:
+    """The key of the network a trial's architecture key names (with co-search, without
+    the accelerator's knobs)."""
+    import json
+
+    arch = json.loads(key) if isinstance(key, str) else key
+    return arch_key(CoSearchSpace.split(arch)[0] if cfg.co_search else arch)
 
 
 def available_memory() -> int | None:
@@ -438,6 +488,7 @@ def _worker(cfg_dump: dict, run_dir: str, paths: dict) -> None:
     cfg._paths.update(paths)
     evaluator = Evaluator(cfg)
     path = Path(run_dir)
+    evaluator.keep_in = kept_in(cfg, path)
     trials = TrialStore(storage_url(cfg, path), study_name(cfg, path), directions(cfg), evaluator.space, cfg.seed,
                         objectives=cfg.objectives)
     try:

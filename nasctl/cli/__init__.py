@@ -16,7 +16,7 @@ from typer.core import TyperGroup
 
 from .. import __version__, workspace
 from ..errors import NasctlError
-from . import hw, hw_lut, predict, predictor, report, runs, search, space  # noqa: F401 - hw_lut adds `hw lut`
+from . import deploy, hw, hw_lut, predict, predictor, report, runs, search, space  # noqa: F401 - hw_lut adds `hw lut`
 
 
 class NasctlGroup(TyperGroup):
@@ -109,6 +109,8 @@ def _root(
 
 app.command("search")(search.search)
 app.command("predict")(predict.predict)
+app.command("export")(deploy.export)
+app.command("eval")(deploy.eval_)
 app.command("report")(report.report)
 app.add_typer(space.app, name="space")
 app.add_typer(hw.app, name="hw")

@@ -74,6 +74,9 @@ def search(
     screen: Annotated[Optional[int], typer.Option(
         help="With --surrogate: candidates proposed per real evaluation. [default: 5; with --strategy auto, "
              "600, fewer where a refit would screen over 15,000]")] = None,
+    keep_weights: Annotated[Optional[str], typer.Option(
+        help="Trained networks kept in the run's models/ folder, for `nasctl export`: all, front (only the "
+             f"final front's) or none. {_d('keep_weights')}")] = None,
     exit_policy: Annotated[Optional[str], typer.Option(
         help=f"Early-exit confidence: max-softmax or entropy. {_d('exit_policy')}")] = None,
     exit_tolerance: Annotated[Optional[float], typer.Option(
@@ -120,7 +123,7 @@ def search(
                       accuracy_baseline=accuracy_baseline, max_accuracy_drop=max_accuracy_drop,
                       storage=storage, study=study,
                       workers=workers, threads=threads,
-                      surrogate=surrogate, screen=screen,
+                      surrogate=surrogate, screen=screen, keep_weights=keep_weights,
                       exit_policy=exit_policy, exit_tolerance=exit_tolerance,
                       exit_rates=_assignments("--exit-rates", exit_rates, float, "s1=0.3,s2=0.2"),
                       pin=_assignments("--pin", pin, parse_cell, "exit_s1=0,exit_s2=0,backbone_bits=8"),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pickle
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +49,9 @@ class Dataset:
     y_val: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
+    # How raw pixels became these arrays: {"divide": d} (x / d) or {"mean": [...], "std": [...]}
+    # per channel ((x - mean) / std), what a deployed model's inputs need too.
+    normalisation: dict = field(default_factory=dict)
 
 
 def load_dataset(spec: str, seed: int) -> Dataset:
@@ -79,7 +82,9 @@ def _digits(rng: np.random.Generator) -> Dataset:
 
     d = load_digits()
     x = (d.images / 16.0).astype(np.float32)[:, None]
-    return _assemble("digits", x, d.target, None, None, rng, normalise=False)
+    data = _assemble("digits", x, d.target, None, None, rng, normalise=False)
+    data.normalisation = {"divide": 16.0}
+    return data
 
 
 def _cifar(path: Path, rng: np.random.Generator) -> Dataset:
@@ -283,13 +288,15 @@ def _assemble(name, x, y, x_test, y_test, rng, *, normalise: bool, source: str |
         x_train, x_val, x_test = (np.array(a, dtype=np.float32) for a in (x[train], x[val], x_test))
     for part, a in (("training", x_train), ("validation", x_val), ("test", x_test)):
         _check_pixels(a, f"{source}: {part} images (as float32)")  # e.g. float64 values beyond float32
+    normalisation = {}
     if normalise:
         mean = x_train.mean(axis=(0, 2, 3), keepdims=True)
         std = x_train.std(axis=(0, 2, 3), keepdims=True) + 1e-6
         for a in (x_train, x_val, x_test):
             a -= mean
             a /= std
-    return Dataset(name=name, input_shape=tuple(int(s) for s in x_train.shape[1:]),
+        normalisation = {"mean": mean.ravel().tolist(), "std": std.ravel().tolist()}
+    return Dataset(normalisation=normalisation, name=name, input_shape=tuple(int(s) for s in x_train.shape[1:]),
                    classes=classes,
                    x_train=x_train, y_train=y[train].astype(np.int64),
                    x_val=x_val, y_val=y[val].astype(np.int64),

@@ -168,8 +168,10 @@ def route(confidence: np.ndarray, thresholds: list[float]) -> np.ndarray:
     return exit_at
 
 
-def evaluate(space, arch, dataset: Dataset, settings: TrainSettings, seed: int) -> EvalResult:
-    """Train `arch` of `space` on `dataset` and measure it with calibrated early exits."""
+def evaluate(space, arch, dataset: Dataset, settings: TrainSettings, seed: int, keep=None) -> EvalResult:
+    """Train `arch` of `space` on `dataset` and measure it with calibrated early exits.
+    `keep(model, result)`, where given, is called with the trained network (in eval mode)
+    and its result: e.g. to save it (`nasctl.evaluation.kept`)."""
     device = torch.device(settings.device)
     with _threads(settings.threads), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -187,7 +189,7 @@ def evaluate(space, arch, dataset: Dataset, settings: TrainSettings, seed: int) 
         thresholds = calibrate_thresholds(val_conf, val_ok, arch.get("exit_tolerance", settings.exit_tolerance))
     val_exit, test_exit = route(val_conf, thresholds), route(test_conf, thresholds)
     n = test_ok.shape[1]
-    return EvalResult(
+    result = EvalResult(
         accuracy=100.0 * float(test_ok[test_exit, np.arange(n)].mean()),
         exit_rates=(np.bincount(test_exit, minlength=len(test_ok)) / n).tolist(),
         exit_accuracies=(100.0 * test_ok.mean(axis=1)).tolist(),
@@ -196,6 +198,9 @@ def evaluate(space, arch, dataset: Dataset, settings: TrainSettings, seed: int) 
         val_exit_accuracies=(100.0 * val_ok.mean(axis=1)).tolist(),
         train_seconds=seconds,
     )
+    if keep is not None:
+        keep(model, result)
+    return result
 
 
 def _train(model: torch.nn.Module, data: Dataset, s: TrainSettings, seed: int, device: torch.device) -> None:
