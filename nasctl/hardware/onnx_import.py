@@ -40,6 +40,12 @@ have batch 1; a leading dim other than 1 inside the graph is folded into the pos
 so element counts stay exact.  Bit widths come from the tensor type, or, for a tensor
 that comes out of a DequantizeLinear, from its zero point's type (int8/uint8 -> 8,
 int4/uint4 -> 4, int16 -> 16).
+
+Early exits, as `nasctl export` writes them (nested If nodes, one per exit, named
+exit_<name>, whose then-branch passes the exit head's logits on and whose else-branch runs
+the rest of the network), are imported branch nodes and all: each layer's `segment` is the
+number of else-branches it is nested in, exit heads get role "exit", the nodes deciding
+whether to exit are not priced (noted), and `ImportResult.exits` names the exits.
 """
 
 from __future__ import annotations
@@ -90,7 +96,7 @@ class Node:
 class ImportResult:
     layers: list[LayerSpec]
     unsupported: Counter  # op type -> nodes no handler priced
-    nodes: int            # nodes in the model's graph
+    nodes: int            # nodes in the model's graph (and its early-exit branches)
     inputs: dict[str, Shape]
     notes: list[str]      # what the user should know about the import (one line each)
     # Early exits: their names (from If nodes named exit_<name>, else exit0, exit1, ...),
