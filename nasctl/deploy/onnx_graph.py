@@ -65,6 +65,7 @@ class _Builder:
     def __init__(self):
         self.inits: list[onnx.TensorProto] = []
         self.used: set[str] = set()
+        self.dequantized: dict[str, tuple[str, str, str]] = {}  # DequantizeLinear output -> its inputs
 
     def fresh(self, name: str) -> str:
         base, n = name, 1
@@ -108,7 +109,9 @@ def _quantize_act(g: _Graph, x: str, quant, name: str) -> str:
     z = (b.const(f"{name}.zero", np.array(zero, dtype=np.uint8)) if dtype == TensorProto.UINT8
          else b.const(f"{name}.zero", np.array(zero), TensorProto.UINT4))
     q = g.one("QuantizeLinear", [x, s, z], name)
-    return g.one("DequantizeLinear", [q, s, z], name)
+    y = g.one("DequantizeLinear", [q, s, z], name)
+    b.dequantized[y] = (q, s, z)
+    return y
 
 
 def _weight(g: _Graph, weight, bits: int, fold_scale: np.ndarray | None, name: str) -> str:
@@ -233,6 +236,10 @@ def build_mbv2_graph(model, input_shape: Sequence[int], classes: int, exits: Seq
         """The nodes from block `start` on, reading `x`, reaching exit `k` next: their
         graph and its (logits, exit index) outputs."""
         g = _Graph(b)
+        if x in b.dequantized and start > 0:
+            # The quantized tensor crosses into the If branch and is dequantized there: onnxruntime
+            # fuses a DequantizeLinear into the kernel reading it only within one graph.
+            x = g.one("DequantizeLinear", list(b.dequantized[x]), f"blocks.{start}.input")
         for i in range(start, len(blocks)):
             block = blocks[i]
             name = f"blocks.{i}"

@@ -287,7 +287,8 @@ class Mbv2Space(SearchSpace):
 
         Blocks: {"type": "stem", out, kernel, stride, bits}
                 {"type": "mbconv", in, out, expand, kernel, stride, bits}
-                {"type": "exit", name, in, width, bits}    (an exit head)
+                {"type": "exit", name, in, width, bits, in_bits}  (an exit head; in_bits: the
+                                                   bit width of the backbone activations it reads)
                 {"type": "head", in, width, bits}          (the final classifier)
         """
         arch = self.validate(arch)
@@ -305,7 +306,7 @@ class Mbv2Space(SearchSpace):
                 c = out
             if i in self.spec.exits.after_stages and arch[f"exit_s{i}"]:
                 blocks.append({"type": "exit", "name": f"s{i}", "in": c,
-                               "width": arch[f"exit_s{i}_width"], "bits": eb})
+                               "width": arch[f"exit_s{i}_width"], "bits": eb, "in_bits": bb})
         blocks.append({"type": "head", "in": c, "width": self.spec.head.channels, "bits": bb})
         return blocks
 
@@ -339,7 +340,7 @@ class Mbv2Space(SearchSpace):
             prev = knobs[0]
             if i in self.spec.exits.after_stages:
                 active = X[:, col[f"exit_s{i}"]] == 1
-                head = t[f"exit_s{i}"][:, prev, X[:, col[f"exit_s{i}_width"]], exit_bits]
+                head = t[f"exit_s{i}"][:, prev, X[:, col[f"exit_s{i}_width"]], exit_bits, bits]
                 total = total + np.where(active, head, 0.0)
                 reach[f"s{i}"] = np.where(active, total, np.nan)
         reach["final"] = total + t["head"][:, prev, bits]
@@ -384,11 +385,11 @@ class Mbv2Space(SearchSpace):
             h, w = _conv_out(h, w, 3, st.stride)  # kernels are odd: the size depends on the stride only
             if i in self.spec.exits.after_stages:
                 ws, ebs = var[f"exit_s{i}_width"], var["exit_bits"]
-                tables[f"exit_s{i}"] = np.zeros((2, len(cs), len(ws), len(ebs)))
-                for idx in np.ndindex(len(cs), len(ws), len(ebs)):
-                    c, wd, eb = cs[idx[0]], ws[idx[1]], ebs[idx[2]]
+                tables[f"exit_s{i}"] = np.zeros((2, len(cs), len(ws), len(ebs), len(bb)))
+                for idx in np.ndindex(len(cs), len(ws), len(ebs), len(bb)):
+                    c, wd, eb, b = cs[idx[0]], ws[idx[1]], ebs[idx[2]], bb[idx[3]]
                     tables[f"exit_s{i}"][(slice(None), *idx)] = price(
-                        [{"type": "exit", "name": "", "in": c, "width": wd, "bits": eb}], c, h, w)
+                        [{"type": "exit", "name": "", "in": c, "width": wd, "bits": eb, "in_bits": b}], c, h, w)
             prev_choices = cs
         head = self.spec.head.channels
         tables["head"] = np.zeros((2, len(prev_choices), len(bb)))
@@ -423,15 +424,16 @@ def _block_layers(block: dict, cin: int, h: int, w: int, classes: int, segment: 
     layers: list[LayerSpec] = []
     bits = block["bits"]
 
-    def conv(ci, co, k, s, groups, role="backbone", name=""):
+    def conv(ci, co, k, s, groups, role="backbone", name="", a_bits=bits):
         nonlocal h, w
         oh, ow = _conv_out(h, w, k, s)
         layers.append(LayerSpec("conv", ci, co, (h, w), (oh, ow), (k, k), s, groups,
-                                bits, bits, segment, role, name=name))
+                                bits, a_bits, segment, role, name=name))
         h, w = oh, ow
 
     def classifier(width, role, name):
-        conv(cin, width, 1, 1, 1, role, f"{name}.conv")
+        # its first conv reads the backbone's activations, at the backbone's bit width
+        conv(cin, width, 1, 1, 1, role, f"{name}.conv", a_bits=block.get("in_bits", bits))
         layers.append(LayerSpec("pool", width, width, (h, w), (1, 1), (h, w), 1, 1,
                                 bits, bits, segment, role, name=f"{name}.pool"))
         layers.append(LayerSpec("linear", width, classes, (1, 1), (1, 1), (1, 1), 1, 1,

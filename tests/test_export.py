@@ -1,0 +1,227 @@
+"""From a front point to a deployed model: kept weights, `nasctl export`, `nasctl eval` and
+`nasctl predict` on the exported graph."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+
+from tests.cli.cli_helpers import invoke, one_line_error
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _nodes(g):
+    for n in g.node:
+        yield n
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _nodes(a.g)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A small search whose trials cover 32-, 8- and 4-bit backbones and exit heads."""
+    from nasctl.config import make_config
+    from nasctl.engine import run_search
+
+    folder = tmp_path_factory.mktemp("export") / "run"
+    result = run_search(make_config(None, "setting", budget=6, epochs=2, seed=3, workers=1), folder)
+    return result
+
+
+def _export(run, trial, out, *extra):
+    res = invoke("export", run.run_dir, "--trial", trial, "--out", out, "--json", *extra)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_a_search_keeps_each_trained_network_loadable_as_a_state_dict(run):
+    import torch
+
+    from nasctl.evaluation import kept
+    from nasctl.spaces.base import arch_key
+    from nasctl.spaces.loader import load_space
+
+    space = load_space("ee-mbv2")
+    assert len(list((run.run_dir / "models").iterdir())) == len(run.trials)
+    for row in run.trials:
+        arch = json.loads(row["arch"])
+        folder = kept.folder_of(run.run_dir, arch_key(arch))
+        meta = kept.read_meta(folder)
+        state = torch.load(folder / "model.pt", weights_only=True)
+        net = space.build(arch, tuple(meta["input_shape"]), meta["classes"])
+        net.load_state_dict(state)  # every tensor of the network, QAT ranges included
+        assert meta["figures"]["accuracy"] == pytest.approx(row["accuracy"], abs=1e-3)
+        assert meta["exits"] == space.active_exits(arch) and len(meta["thresholds"]) == len(meta["exits"]) - 1
+        assert meta["normalisation"] == {"divide": 16.0} and meta["dataset"] == {"name": "digits", "split_seed": 3}
+
+
+def test_every_front_trial_exports_and_runs_as_it_was_evaluated(run, tmp_path):
+    """eval reproduces the trial's accuracy and exit rates (within 0.5 points), predict with
+    the card its recorded latency and energy on edge-quad (within 0.5%), and the layers
+    read back from the graph, bit widths included, are the space's."""
+    from nasctl.hardware.onnx_import import import_onnx
+    from nasctl.spaces.loader import load_space
+
+    space = load_space("ee-mbv2")
+    for row in run.front:
+        out = tmp_path / f"t{row['trial']}"
+        card = _export(run, row["trial"], out)
+        res = invoke("eval", out, "--rounds", 2, "--json")
+        assert res.exit_code == 0, res.output
+        ev = json.loads(res.stdout)
+        assert abs(ev["accuracy"] - row["accuracy"]) <= 0.5
+        for e in card["exits"]:
+            assert abs(100 * ev["exit_rates"][e] - 100 * row[f"exit_rate_{e}"]) <= 0.5, e
+        assert set(ev["latency_ms"]["per_exit"]) == set(card["exits"])
+        res = invoke("predict", out / "model.onnx", "--device", "edge-quad", "--json")
+        assert res.exit_code == 0, res.output
+        expected = json.loads(res.stdout)["expected"]
+        assert expected["latency_ms"] == pytest.approx(row["latency_ms"], rel=5e-3)
+        assert expected["energy_mj"] == pytest.approx(row["energy_mj"], rel=5e-3)
+        arch = json.loads(row["arch"])
+        want = space.to_layers(arch, (1, 8, 8), 10)
+        got = import_onnx(out / "model.onnx").layers
+        fields = lambda l: (l.op, l.in_ch, l.out_ch, l.in_hw, l.out_hw, l.kernel, l.stride, l.groups,  # noqa: E731
+                            l.w_bits, l.a_bits, l.segment, l.role)
+        assert [fields(l) for l in got] == [fields(l) for l in want]
+
+
+def test_the_graph_skips_the_rest_of_the_backbone_once_an_exit_is_taken(run, tmp_path):
+    """Each early exit is an If whose else branch holds everything after it: a taken exit
+    computes only the backbone up to it and the heads passed."""
+    from nasctl.spaces.loader import load_space
+
+    space = load_space("ee-mbv2")
+    row = next(r for r in run.trials if len(space.active_exits(json.loads(r["arch"]))) > 1)
+    _export(run, row["trial"], tmp_path / "x")
+    m = onnx.load(tmp_path / "x" / "model.onnx")
+    layers = space.to_layers(json.loads(row["arch"]), (1, 8, 8), 10)
+    convs = lambda g: sum(n.op_type in ("Conv", "Gemm") for n in g.node)  # noqa: E731
+    main_ifs = [n for n in m.graph.node if n.op_type == "If"]
+    assert len(main_ifs) == 1 and main_ifs[0].name.startswith("exit_")
+    # the main graph computes segment 0 and its head only
+    assert convs(m.graph) == sum(l.op in ("conv", "linear") and l.segment == 0 for l in layers)
+    else_branch = next(a.g for a in main_ifs[0].attribute if a.name == "else_branch")
+    assert sum(n.op_type in ("Conv", "Gemm") for n in _nodes(else_branch)) == \
+        sum(l.op in ("conv", "linear") and l.segment > 0 for l in layers)
+    # the exit index tells which exit answered
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(tmp_path / "x" / "model.onnx"), providers=["CPUExecutionProvider"])
+    logits, exit_index = sess.run(None, {"input": np.zeros((1, 1, 8, 8), np.float32)})
+    assert logits.shape == (1, 10) and exit_index.dtype == np.int64 and 0 <= exit_index[0] < len(
+        space.active_exits(json.loads(row["arch"])))
+
+
+def test_quantized_layers_export_as_qdq_of_their_bit_widths_and_fuse_where_the_graph_allows(run, tmp_path):
+    from nasctl.hardware.onnx_import import _float_in_runtime
+
+    seen = set()
+    for row in run.trials:
+        arch = json.loads(row["arch"])
+        out = tmp_path / f"t{row['trial']}"
+        _export(run, row["trial"], out)
+        m = onnx.load(out / "model.onnx")
+        init = {i.name: i.data_type for i in m.graph.initializer}
+        nodes = list(_nodes(m.graph))
+        producer = {o: n for n in nodes for o in n.output}
+        consumers = {}
+        for n in nodes:
+            for i in n.input:
+                consumers.setdefault(i, []).append(n)
+        apart = _float_in_runtime(out / "model.onnx")
+        for n in nodes:
+            if n.op_type not in ("Conv", "Gemm"):
+                continue
+            stage = n.name.startswith("exit_")
+            bits = arch["exit_bits"] if stage else arch["backbone_bits"]
+            w = producer.get(n.input[1])
+            if bits == 32:
+                assert w is None and init[n.input[1]] == onnx.TensorProto.FLOAT
+                continue
+            assert w.op_type == "DequantizeLinear"
+            assert init[w.input[0]] == {8: onnx.TensorProto.UINT8, 4: onnx.TensorProto.INT4}[bits]
+            seen.add(bits)
+            x = producer.get(n.input[0])
+            reads_8bit = x is not None and x.op_type == "DequantizeLinear" and \
+                init.get(x.input[2], None) == onnx.TensorProto.UINT8
+            writes = consumers.get(n.output[0], [])
+            if n.op_type == "Conv" and bits == 8 and reads_8bit and writes and \
+                    all(c.op_type in ("QuantizeLinear", "Clip") for c in writes):
+                # an 8-bit conv between 8-bit activations: onnxruntime runs it as an integer kernel
+                assert (n.name, "Conv") not in apart, n.name
+    assert seen == {8, 4}
+
+
+def test_retrain_trains_from_scratch_on_train_and_validation_and_recalibrates(run, tmp_path):
+    row = run.front[0]
+    card = _export(run, row["trial"], tmp_path / "r", "--retrain", "--epochs", 3)
+    model = card["figures"]["model"]
+    assert model["trained_on"] == "train+validation" and model["epochs"] == 3
+    assert card["figures"]["run"]["accuracy"] == pytest.approx(row["accuracy"], abs=1e-3)
+    res = invoke("eval", tmp_path / "r", "--rounds", 2, "--json")
+    ev = json.loads(res.stdout)
+    assert abs(ev["accuracy"] - model["accuracy"]) <= 0.5
+    assert set(card["thresholds"]) == set(card["exits"][:-1])
+
+
+def test_keep_weights_front_keeps_only_the_front_and_none_keeps_nothing(tmp_path):
+    from nasctl.config import make_config
+    from nasctl.engine import run_search
+
+    front = run_search(make_config(None, "setting", budget=3, epochs=1, seed=1, keep_weights="front"), tmp_path / "f")
+    assert len(list((tmp_path / "f" / "models").iterdir())) == len(front.front)
+    two = run_search(make_config(None, "setting", budget=2, epochs=1, seed=2, workers=2), tmp_path / "w")
+    assert len(list((tmp_path / "w" / "models").iterdir())) == len(two.trials) == 2  # workers keep theirs
+    none = run_search(make_config(None, "setting", budget=2, epochs=1, seed=1, keep_weights="none"), tmp_path / "n")
+    assert not (tmp_path / "n" / "models").exists()
+    one_line_error(invoke("export", none.run_dir, "--trial", 0), 2, "--keep-weights none")
+    # a resumed run keeps the weights of the trials it adds
+    res = invoke("search", "--budget", 3, "--epochs", 1, "--seed", 1, "--resume", tmp_path / "f")
+    assert res.exit_code == 0, res.output
+    rows = [r for r in (tmp_path / "f" / "trials.csv").read_text().splitlines()[1:]]
+    assert len(rows) == 3
+
+
+def test_bad_input_is_one_line(run, tmp_path):
+    one_line_error(invoke("export", run.run_dir, "--trial", 99), 2, "no finished trial 99")
+    one_line_error(invoke("export", run.run_dir, "--trial", 0, "--epochs", 3), 2, "--retrain")
+    # a corrupt kept model.pt
+    from nasctl.evaluation import kept
+    from nasctl.spaces.base import arch_key
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run.run_dir, copy)
+    row = run.trials[0]
+    weights = kept.folder_of(copy, arch_key(json.loads(row["arch"]))) / "model.pt"
+    weights.write_bytes(b"not a torch file")
+    one_line_error(invoke("export", copy, "--trial", row["trial"]), 2, "has changed")
+    # an export folder with a changed file, or without a card
+    out = tmp_path / "e"
+    _export(run, row["trial"], out)
+    with open(out / "model.onnx", "ab") as f:
+        f.write(b"\0")
+    one_line_error(invoke("eval", out), 2, "has changed since it was exported")
+    (out / "card.yaml").unlink()
+    one_line_error(invoke("eval", out), 2, "not an export folder")
+
+
+def test_a_failed_trial_is_refused_in_one_line(tmp_path):
+    """A candidate the device cannot price fails; exporting it says so."""
+    import optuna
+
+    from nasctl.config import make_config
+    from nasctl.engine import run_search
+
+    result = run_search(make_config(None, "setting", budget=2, epochs=1, seed=5), tmp_path / "run")
+    study = optuna.load_study(study_name="run", storage=f"sqlite:///{tmp_path / 'run' / 'study.db'}")
+    trial = study.ask()
+    trial.set_user_attr("error", "device 'edge-quad' cannot price op(s) x")
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    one_line_error(invoke("export", result.run_dir, "--trial", trial.number), 2, "failed")
