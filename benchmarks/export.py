@@ -1,10 +1,10 @@
 """From a front point to a deployed model: export every front trial of a search, run it
 with onnxruntime, and compare with what the search recorded.
 
-    python benchmarks/export.py [--run RUN] [--budget 8] [--epochs 2] [--seed 3] [--rounds 15] [--json FILE]
+    python benchmarks/export.py [--run RUN] [--budget B] [--epochs E] [--seed S] [--rounds 15] [--json FILE]
 
-Without --run it first runs `nasctl search --budget B --epochs E --seed S` on the
-embedded defaults (digits, ee-mbv2, edge-quad) into a temporary run folder.  For each
+Without --run it first runs `nasctl search` on the embedded defaults (digits, ee-mbv2,
+edge-quad; budget 40, 5 epochs, seed 0 unless given) into a temporary run folder.  For each
 front trial it prints:
   - export time and model.onnx size;
   - accuracy and exit rates of the exported graph under onnxruntime, beside the trial's
@@ -72,9 +72,9 @@ def integer_kernels(model: Path) -> tuple[int, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", help="an existing run folder (else a search is run first)")
-    ap.add_argument("--budget", type=int, default=8)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--budget", type=int)
+    ap.add_argument("--epochs", type=int)
+    ap.add_argument("--seed", type=int)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -83,10 +83,12 @@ def main() -> None:
     run = Path(args.run) if args.run else Path(tmp.name) / "run"
     if not args.run:
         t0 = time.perf_counter()
-        nasctl("search", "--budget", str(args.budget), "--epochs", str(args.epochs), "--seed", str(args.seed),
-               "--run-dir", str(run))
-        print(f"search --budget {args.budget} --epochs {args.epochs} --seed {args.seed}: "
-              f"{time.perf_counter() - t0:.0f} s")
+        flags = [x for k in ("budget", "epochs", "seed") if getattr(args, k) is not None
+                 for x in (f"--{k}", str(getattr(args, k)))]
+        nasctl("search", *flags, "--run-dir", str(run))
+        size = sum(f.stat().st_size for f in (run / "models").rglob("*") if f.is_file())
+        print(f"nasctl search {' '.join(flags)}: {time.perf_counter() - t0:.0f} s; kept weights "
+              f"{size / 2**20:.1f} MiB for {len(list((run / 'models').iterdir()))} trained networks")
     front = json.loads(nasctl("runs", "show", str(run), "--json"))["front"]
     rows = []
     print(f"{'trial':>5} {'export s':>8} {'KiB':>6} {'acc ort':>8} {'acc run':>8} {'max rate diff':>13} "

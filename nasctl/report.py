@@ -221,6 +221,30 @@ def _point_rows(rows: Sequence[dict], exits: Sequence[str], like: Sequence[dict]
     return [[t["trial"], *(metric(m).format(t.get(m), unit=False) for m in names),
              " ".join(f"{e}:{t.get(f'exit_rate_{e}') or 0:.0%}" for e in exits), t["arch"]] for t in rows]
 
+def _exports_section(run: Run) -> list[str]:
+    """The models exported from the run (`nasctl export`), with what `nasctl eval` measured."""
+    from .deploy.export import exported
+
+    models = exported(run.path)
+    if not models:
+        return []
+    rows = []
+    for m in models:
+        card, ev = m["card"], m["eval"] or {}
+        trial_fig, own = card["figures"]["run"], card["figures"]["model"]
+        rates = lambda r: " ".join(f"{e}:{(r or {}).get(e) or 0:.0%}" for e in card["exits"])  # noqa: E731
+        mean = (ev.get("latency_ms") or {}).get("mean")
+        rows.append([card["run"]["trial"], m["folder"], own.get("trained_on", "train"),
+                     f"{own['accuracy']:.2f}", "-" if not ev else f"{ev['accuracy']:.2f}",
+                     rates(trial_fig.get("exit_rates")), "-" if not ev else rates(ev.get("exit_rates")),
+                     "-" if mean is None else f"{mean:.4g}"])
+    return ["<h2>Exported models</h2>",
+            "<p>Models written by <code>nasctl export</code>; the onnxruntime columns are what "
+            "<code>nasctl eval</code> measured on the test split (- where it has not run).</p>",
+            _table(["trial", "folder", "trained on", "accuracy (torch)", "accuracy (onnxruntime)",
+                    "exit rates (trial)", "exit rates (onnxruntime)", "measured latency ms (mean)"], rows)]
+
+
 _STYLE = """body{font-family:sans-serif;margin:2em;max-width:80em;color:#222}
 table{border-collapse:collapse;font-size:0.8em;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px}
 th{background:#eee}td:last-child{font-family:monospace;font-size:0.85em}img{max-width:100%}
@@ -278,6 +302,7 @@ def write_report(run: Run, baselines: Sequence[Run] = (), out_dir: Path | None =
         _img(pngs["layers"], f"Per-layer latency and energy of trial {chosen['trial']}"),
         _img(pngs["mapping"], f"Core mapping per layer of trial {chosen['trial']}"),
         layer_table,
+        *_exports_section(run),
     ]
     page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>nasctl report: '
             f'{html.escape(run.id)}</title><style>{_STYLE}</style></head><body>\n' + "\n".join(parts)

@@ -169,6 +169,9 @@ def test_retrain_trains_from_scratch_on_train_and_validation_and_recalibrates(ru
     ev = json.loads(res.stdout)
     assert abs(ev["accuracy"] - model["accuracy"]) <= 0.5
     assert set(card["thresholds"]) == set(card["exits"][:-1])
+    # predict prices it with its own exit rates
+    res = invoke("predict", tmp_path / "r" / "model.onnx", "--device", "edge-quad", "--json")
+    assert json.loads(res.stdout)["expected"]["exit_rates"] == pytest.approx(model["exit_rates"])
 
 
 def test_keep_weights_front_keeps_only_the_front_and_none_keeps_nothing(tmp_path):
@@ -225,3 +228,15 @@ def test_a_failed_trial_is_refused_in_one_line(tmp_path):
     trial.set_user_attr("error", "device 'edge-quad' cannot price op(s) x")
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
     one_line_error(invoke("export", result.run_dir, "--trial", trial.number), 2, "failed")
+
+
+def test_report_shows_exported_models_with_their_eval_figures(run, tmp_path):
+    from nasctl import runs
+    from nasctl.report import write_report
+
+    row = run.front[0]
+    _export(run, row["trial"], tmp_path / "m")
+    ev = json.loads(invoke("eval", tmp_path / "m", "--rounds", 2, "--json").stdout)
+    page = write_report(runs.load(run.run_dir), out_dir=tmp_path / "report").read_text()
+    section = page.split("<h2>Exported models</h2>", 1)[1]
+    assert str(tmp_path / "m") in section and f"{ev['accuracy']:.2f}" in section

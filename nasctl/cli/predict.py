@@ -33,7 +33,7 @@ def predict(
         "--exit-rates", show_default=False,
         help="Share of inputs leaving at each exit of an early-exit model, NAME=SHARE,... (e.g. "
              "s1=0.3,s2=0.2,final=0.5; exits not named get 0; the shares sum to 1), for the expected "
-             "latency, energy and EDP. Default: figures.run.exit_rates of the card.yaml beside the model.")] = None,
+             "latency, energy and EDP. Default: the exit rates of the card.yaml beside the model (the trial's; a retrained model's own).")] = None,
 ):
     """Price an ONNX model on a device: latency, energy, MACs, parameters, weight bytes;
     for a model with early exits, the cost of each exit path and the expected cost."""
@@ -141,7 +141,8 @@ def check_exit_rates(rates: dict[str, Any], exits: list[str], source: str) -> di
 
 def card_exit_rates(card: Path, exits: list[str]) -> Optional[dict[str, float]]:
     """The exit rates of the model card `card` (keys `exits`, the exit names with final
-    last, and `figures.run.exit_rates`); None where there is no card."""
+    last, and `figures.run.exit_rates`: the trial's, as the search recorded them; for a
+    model retrained after the search, `figures.model.exit_rates`); None where there is no card."""
     if not card.is_file():
         return None
     import yaml
@@ -160,12 +161,16 @@ def card_exit_rates(card: Path, exits: list[str]) -> Optional[dict[str, float]]:
     if names != exits:
         raise UsageError(f"{card}: its exits [{', '.join(names)}] are not the model's [{', '.join(exits)}]; "
                          f"is it the card of another model? give --exit-rates instead")
-    run = (doc.get("figures") or {}).get("run") if isinstance(doc.get("figures"), dict) else None
-    rates = run.get("exit_rates") if isinstance(run, dict) else None
+    figures = doc.get("figures") if isinstance(doc.get("figures"), dict) else {}
+    # a model retrained after the search (`nasctl export --retrain`) has exit rates of its own
+    own = figures.get("model") if isinstance(figures.get("model"), dict) else {}
+    key = "model" if own.get("trained_on") == "train+validation" else "run"
+    part = figures.get(key)
+    rates = part.get("exit_rates") if isinstance(part, dict) else None
     if not isinstance(rates, dict) or not rates:
-        raise UsageError(f"{card}: no key 'figures.run.exit_rates' (a mapping of exit name to share); fix it or "
+        raise UsageError(f"{card}: no key 'figures.{key}.exit_rates' (a mapping of exit name to share); fix it or "
                          f"give --exit-rates")
-    return check_exit_rates({str(k): v for k, v in rates.items()}, exits, f"{card}: figures.run.exit_rates")
+    return check_exit_rates({str(k): v for k, v in rates.items()}, exits, f"{card}: figures.{key}.exit_rates")
 
 
 def _exit_figures(report, exits: list[str], rates: Optional[dict[str, float]], models_energy: bool) -> dict:

@@ -231,7 +231,49 @@ def export_trial(run_name: str, trial: int, out: Optional[Path] = None, *, retra
     }
     _write_card(out, card)
     (out / EVAL_FILE).unlink(missing_ok=True)  # measured on what was there before
+    _record(run.path, out)
     return out, card
+
+
+INDEX = "exports.json"  # in the run folder: the export folders made from it, wherever they are
+
+
+def _record(run_dir: Path, folder: Path) -> None:
+    path = Path(run_dir) / INDEX
+    try:
+        known = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    except ValueError:
+        known = []
+    entry = str(Path(folder).resolve())
+    if entry not in known:
+        try:
+            path.write_text(json.dumps([*known, entry], indent=1), encoding="utf-8")
+        except OSError:  # a read-only run folder: the export stands on its own
+            pass
+
+
+def exported(run_dir: Path) -> list[dict]:
+    """The export folders made from a run that still hold a readable card: each as
+    {folder, card, eval (eval.json's document, or None)}, by trial."""
+    path = Path(run_dir) / INDEX
+    try:
+        folders = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    except ValueError:
+        folders = []
+    found = []
+    for folder in folders:
+        try:
+            card = read_card(Path(folder), check_files=False)
+        except UsageError:
+            continue
+        ev = None
+        if (Path(folder) / EVAL_FILE).is_file():
+            try:
+                ev = json.loads((Path(folder) / EVAL_FILE).read_text(encoding="utf-8"))
+            except ValueError:
+                pass
+        found.append({"folder": folder, "card": card, "eval": ev})
+    return sorted(found, key=lambda e: (e["card"]["run"]["trial"], e["folder"]))
 
 
 def _named(names, values) -> dict:
