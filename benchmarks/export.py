@@ -50,15 +50,9 @@ def macs_per_exit(card: dict) -> list[float]:
 
 def integer_kernels(model: Path) -> tuple[int, int]:
     """(8-bit convs onnxruntime fuses into integer kernels, 8-bit convs) of an exported model."""
-    from nasctl.hardware.onnx_import import _float_in_runtime
     import onnx
 
-    def nodes(g):
-        for n in g.node:
-            yield n
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    yield from nodes(a.g)
+    from nasctl.hardware.onnx_import import _float_in_runtime, all_nodes as nodes
 
     m = onnx.load(model)
     init = {i.name: i.data_type for i in m.graph.initializer}

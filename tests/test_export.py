@@ -15,12 +15,7 @@ from tests.cli.cli_helpers import invoke, one_line_error
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _nodes(g):
-    for n in g.node:
-        yield n
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                yield from _nodes(a.g)
+from nasctl.hardware.onnx_import import all_nodes as _nodes
 
 
 @pytest.fixture(scope="module")

@@ -1289,19 +1289,19 @@ def _float_in_runtime(path: Path) -> Optional[set[tuple[str, str]]]:
             optimized = _read_model(Path(so.optimized_model_filepath))
     except Exception:  # noqa: BLE001 - the runtime cannot load it: the graph's structure decides
         return None
-    return {(n.name, n.op_type) for n in _all_nodes(optimized.graph) if n.name and n.domain in ("", "ai.onnx")}
+    return {(n.name, n.op_type) for n in all_nodes(optimized.graph) if n.name and n.domain in ("", "ai.onnx")}
 
 
-def _all_nodes(graph: onnx.GraphProto):
+def all_nodes(graph: onnx.GraphProto):
     """The graph's nodes and those of every subgraph in them (If branches, loop bodies)."""
     for node in graph.node:
         yield node
         for a in node.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
-                yield from _all_nodes(a.g)
+                yield from all_nodes(a.g)
             elif a.type == onnx.AttributeProto.GRAPHS:
                 for sub in a.graphs:
-                    yield from _all_nodes(sub)
+                    yield from all_nodes(sub)
 
 
 def _quantized_kernel(layer: LayerSpec) -> bool:
