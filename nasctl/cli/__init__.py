@@ -1,122 +1,47 @@
 """The `nasctl` command line. Each command group lives in its own module; heavy
 libraries (torch, pymoo, optuna, pandas) are imported only inside the commands that
-need them, so `nasctl --help` starts fast."""
+need them, so `nasctl --help` starts fast.  `nasctl predict`, run from scripts on many
+models, starts faster still: it builds an app of that one command (`_predict_app`), the
+same command with the same root options, without loading the other commands."""
 
 from __future__ import annotations
 
-import os
 import sys
-import warnings
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Annotated, Optional
-
-import typer
-from typer.core import TyperGroup
-
-from .. import __version__, workspace
-from ..errors import NasctlError
-from . import deploy, hw, hw_lut, predict, predictor, report, runs, search, space  # noqa: F401 - hw_lut adds `hw lut`
+from typing import Sequence
 
 
-class NasctlGroup(TyperGroup):
-    """Turns user errors into one line on stderr and an exit code; bugs keep their traceback."""
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        try:
-            with _library_warnings():
-                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except typer.TyperException as e:  # usage errors: bad flag, bad value
-            if not standalone_mode:
-                raise
-            if type(e).__name__ == "NoArgsIsHelpError":
-                # a group run without a subcommand: not an error. Rich help is already on
-                # stdout (the message is then empty); plain help is the message itself.
-                if e.format_message():
-                    typer.echo(e.format_message())
-                sys.exit(0)
-            _fail(e.format_message(), e.exit_code)
-        except typer.Abort:
-            if not standalone_mode:
-                raise
-            _fail("aborted", 130)
-        except NasctlError as e:
-            if not standalone_mode:
-                raise
-            _fail(str(e), e.exit_code)
-        if not standalone_mode:
-            return rv
-        sys.exit(rv if isinstance(rv, int) else 0)
+def _command(argv: Sequence[str]) -> str | None:
+    """The command an argument list names (after the root options), or None."""
+    args = iter(argv)
+    for arg in args:
+        if arg == "--workspace":
+            next(args, None)
+        elif not arg.startswith("-"):
+            return arg
+    return None
 
 
-WARNINGS_ENV = "NASCTL_WARNINGS"
+def _predict_app():
+    from . import predict
+    from .base import new_app
 
-
-@contextmanager
-def _library_warnings():
-    """Python warnings of the libraries nasctl drives (scikit-learn's ConvergenceWarning,
-    numpy's overflow RuntimeWarning, ...) are not the user's to act on: they stay off the
-    terminal, in worker processes too, unless NASCTL_WARNINGS=1 (or python -W /
-    PYTHONWARNINGS) asks for them."""
-    if os.environ.get(WARNINGS_ENV, "") not in ("", "0"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("default")
-            yield
-        return
-    if sys.warnoptions:  # the interpreter was told what to show
-        yield
-        return
-    before = os.environ.get("PYTHONWARNINGS")
-    os.environ["PYTHONWARNINGS"] = "ignore"  # spawned workers start with it
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        if before is None:
-            os.environ.pop("PYTHONWARNINGS", None)
-        else:
-            os.environ["PYTHONWARNINGS"] = before
-
-
-def _fail(message: str, code: int):
-    typer.echo(f"error: {' '.join(message.split())}", err=True)
-    sys.exit(code)
-
-
-app = typer.Typer(cls=NasctlGroup, no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_show_locals=False,
-                  help="Hardware-aware neural architecture search. "
-                       "Python warnings of the libraries it drives are hidden; NASCTL_WARNINGS=1 shows them.")
-
-
-def _version(value: bool):
-    if value:
-        typer.echo(f"nasctl {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    workspace_dir: Annotated[Optional[Path], typer.Option(
-        "--workspace", envvar="NASCTL_WORKSPACE",
-        help="Folder holding search_spaces/, hardware/, predictors/ and runs/.")] = None,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Print the version and exit.")] = False,
-):
-    workspace.set_workspace(workspace_dir)
-
-
-app.command("search")(search.search)
-app.command("predict")(predict.predict)
-app.command("export")(deploy.export)
-app.command("eval")(deploy.eval_)
-app.command("report")(report.report)
-app.add_typer(space.app, name="space")
-app.add_typer(hw.app, name="hw")
-app.add_typer(runs.app, name="runs")
-app.add_typer(predictor.app, name="predictor")
+    app = new_app()
+    app.command("predict")(predict.predict)
+    app.command("_", hidden=True)(lambda: None)  # a group of one command would take it as the root
+    return app
 
 
 def main() -> None:
+    if _command(sys.argv[1:]) == "predict":
+        return _predict_app()(prog_name="nasctl")
+    from .tree import app
+
     app()
+
+
+def __getattr__(name: str):
+    if name == "app":
+        from .tree import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -42,6 +42,7 @@ import csv
 import hashlib
 import json
 import statistics
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
@@ -392,7 +393,7 @@ def _saved_doc(table: Optional[Path]) -> Optional[dict]:
         digest = hashlib.sha256(Path(table).read_bytes()).hexdigest()
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("format") not in (1, 3) or data.get("table") != digest:
+    if not isinstance(data, dict) or data.get("format") not in (1, 3, 4) or data.get("table") != digest:
         return None
     return data
 
@@ -402,43 +403,100 @@ def _rows_of_columns(columns: dict) -> list[dict]:
     return [dict(zip(names, values)) for values in zip(*(columns[n] for n in names))]
 
 
+class _TypeRows(Mapping):
+    """Kernel type -> its distinct kernels as rows (repeated ones merged to their median),
+    built per type when first asked for, from the columns `regressors.json` keeps: pricing
+    a model needs the rows of few types, or of none where their regressors are saved."""
+
+    def __init__(self, columns: dict[str, list], types: list[str]):
+        self._columns, self._built = columns, {}
+        self._index: dict[str, list[int]] = {}
+        for i, t in enumerate(types):
+            self._index.setdefault(t, []).append(i)
+
+    def __getitem__(self, ktype: str) -> list[dict]:
+        if ktype not in self._built:
+            idx = self._index[ktype]  # KeyError for a type the table lacks, as a dict's
+            names = list(self._columns)
+            self._built[ktype] = [dict(zip(names, (self._columns[n][i] for n in names))) for i in idx]
+        return self._built[ktype]
+
+    def __contains__(self, ktype) -> bool:
+        return ktype in self._index
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def count(self, ktype: str) -> int:
+        return len(self._index[ktype])
+
+
 # --- the device ------------------------------------------------------------------------
 
 class LutDevice(CostModel):
     """Prices layers from a measured kernel table; see the module docstring."""
 
-    def __init__(self, spec: LutSpec, rows: Sequence[dict], source: Optional[Path] = None,
+    def __init__(self, spec: LutSpec, rows: Optional[Sequence[dict]], source: Optional[Path] = None,
                  saved: Optional[dict] = None):
+        """`rows`: the table's rows; None to take its distinct kernels from `saved` (a
+        `regressors.json` document of format 4, written for this table)."""
         self.spec = spec
         self.name = spec.name
         self.source = source
-        has_energy = all(ENERGY_COLUMN in r for r in rows)
+        doc = saved if saved is not None else _saved_doc(source)
+        merged = (doc or {}).get("merged") if rows is None else None
+        if rows is None and merged is None:
+            raise ValueError("a LutDevice needs the table's rows or a saved document holding its kernels")
+        has_energy = (ENERGY_COLUMN in merged["columns"]) if merged is not None else \
+            all(ENERGY_COLUMN in r for r in rows)
         if spec.models_energy and not has_energy:
             raise ConfigError(f"{spec.name}: models_energy is true but the table has no {ENERGY_COLUMN} column")
         self.models_energy = spec.models_energy
         self.targets = ["latency_ms"] + ([ENERGY_COLUMN] if self.models_energy else [])
-        self._exact: dict[tuple, tuple[float, ...]] = {}
-        by_key: dict[tuple, list[dict]] = {}
-        self._rows: dict[str, list[dict]] = {}
-        for row in rows:
-            by_key.setdefault(_row_key(row), []).append(row)
-        for key, same in by_key.items():  # repeated kernels: their median
-            self._exact[key] = tuple(float(statistics.median(r[t] for r in same)) for t in self.targets)
-            row = same[0]
-            ktype = _type_of(row["op"], row["groups"], row["in_ch"], row["w_bits"], row["a_bits"],
-                             bool(row.get(DEQUANTIZED_COLUMN, 0)))
-            self._rows.setdefault(ktype, []).append({**row, **dict(zip(self.targets, self._exact[key]))})
+        if merged is not None:
+            self._exact, self._rows = self._from_merged(merged)
+        else:
+            self._exact, self._rows = self._merge(rows)
+        count = self._rows.count if isinstance(self._rows, _TypeRows) else (lambda t: len(self._rows[t]))
         self.chosen: dict[str, str] = {}
-        for ktype, group in self._rows.items():
+        for ktype in self._rows:
             kind = spec.regressors.get(ktype, "additive")
-            self.chosen[ktype] = kind if len(group) >= MIN_ROWS[kind] else "additive"
+            self.chosen[ktype] = kind if count(ktype) >= MIN_ROWS[kind] else "additive"
         self._models: dict[str, list] = {}  # fitted on first use (or restored from regressors.json)
-        doc = saved if saved is not None else _saved_doc(source)
         self._saved = self._saved_types(doc)
         self._cache: dict[tuple, Optional[LayerCost]] = {}
         # kernel type -> the work of its largest kernel (saved with the regressors)
         self._largest: dict[str, float] = {k: float(v) for k, v in ((doc or {}).get("largest") or {}).items()
                                            if k in self._rows}
+
+    def _merge(self, rows: Sequence[dict]) -> tuple[dict, dict]:
+        """(shape key -> costs, kernel type -> rows) of the distinct kernels: repeated
+        kernels merged to their median."""
+        exact: dict[tuple, tuple[float, ...]] = {}
+        by_key: dict[tuple, list[dict]] = {}
+        by_type: dict[str, list[dict]] = {}
+        for row in rows:
+            by_key.setdefault(_row_key(row), []).append(row)
+        for key, same in by_key.items():
+            exact[key] = tuple(float(statistics.median(r[t] for r in same)) for t in self.targets)
+            row = same[0]
+            ktype = _type_of(row["op"], row["groups"], row["in_ch"], row["w_bits"], row["a_bits"],
+                             bool(row.get(DEQUANTIZED_COLUMN, 0)))
+            by_type.setdefault(ktype, []).append({**row, **dict(zip(self.targets, exact[key]))})
+        return exact, by_type
+
+    def _from_merged(self, merged: dict) -> tuple[dict, _TypeRows]:
+        c = merged["columns"]
+        dq = c.get(DEQUANTIZED_COLUMN) or [0] * len(c["op"])
+        keys = [(op, ic, oc, (ih, iw), (oh, ow), (kh, kw), st, g, wb, ab, fn, bool(d)) for
+                op, ic, oc, ih, iw, oh, ow, kh, kw, st, g, wb, ab, fn, d in
+                zip(c["op"], c["in_ch"], c["out_ch"], c["in_h"], c["in_w"], c["out_h"], c["out_w"], c["kernel_h"],
+                    c["kernel_w"], c["stride"], c["groups"], c["w_bits"], c["a_bits"], c["fn"], dq)]
+        exact = dict(zip(keys, zip(*(c[t] for t in self.targets))))
+        return exact, _TypeRows(c, merged["types"])
 
     @classmethod
     def from_spec_file(cls, data: dict[str, Any], path: Path) -> LutDevice:
@@ -462,6 +520,8 @@ class LutDevice(CostModel):
         if not path.is_file():
             raise ConfigError(f"{spec.name}: its kernel table {path} does not exist")
         saved = _saved_doc(path)  # holds the table already read and checked, while the table is unchanged
+        if saved and saved.get("merged"):
+            return cls(spec, None, path, saved)
         rows = _rows_of_columns(saved["rows"]) if saved and saved.get("rows") else read_lut(path)
         return cls(spec, rows, path, saved or {})
 
@@ -497,12 +557,13 @@ class LutDevice(CostModel):
         types = {k: json.dumps({"kind": self.chosen[k], "states": [m.state for m in self._regressors(k)]})
                  for k in self._rows if self.chosen[k] != "nearest"}
         path = Path(self.source).parent / REGRESSORS_FILE
-        rows = read_lut(Path(self.source))
-        columns = [c for c in (*LUT_COLUMNS, *OPTIONAL_COLUMNS) if all(c in r for r in rows)]
+        merged = [(k, r) for k in self._rows for r in self._rows[k]]
+        columns = [c for c in (*LUT_COLUMNS, *OPTIONAL_COLUMNS) if all(c in r for _, r in merged)]
         largest = {k: self._largest_work(k) for k in self._rows}
-        path.write_text(json.dumps({"format": 3, "table": self._table_hash(), "targets": self.targets,
+        path.write_text(json.dumps({"format": 4, "table": self._table_hash(), "targets": self.targets,
                                     "types": types, "largest": largest,
-                                    "rows": {c: [r[c] for r in rows] for c in columns}}),
+                                    "merged": {"columns": {c: [r[c] for _, r in merged] for c in columns},
+                                               "types": [k for k, _ in merged]}}),
                         encoding="utf-8")
         return path
 
@@ -567,7 +628,7 @@ class LutDevice(CostModel):
         s = self.spec
         return {"name": s.name, "kind": s.kind, "description": s.description, "table": str(self.source),
                 "kernels": len(self._exact),
-                "kernel_types": {k: {"rows": len(v), "regressor": self.chosen[k]} for k, v in sorted(self._rows.items())},
+                "kernel_types": {k: {"rows": len(self._rows[k]), "regressor": self.chosen[k]} for k in sorted(self._rows)},
                 "models_energy": self.models_energy,
                 "energy": s.energy or ("modelled" if self.models_energy else "latency only"),
                 "overhead": s.overhead.model_dump(), "measurement": s.measurement, "fit": s.fit}

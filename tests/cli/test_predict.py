@@ -197,3 +197,29 @@ def test_predict_does_not_import_torch(tmp_path):
             "print(sorted(m for m in ('torch', 'onnxruntime', 'pandas', 'sklearn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     assert "MACs" in out and out.strip().splitlines()[-1] == "[]"
+
+
+def test_predict_starts_without_the_other_commands_and_behaves_as_in_the_whole_tree(tmp_path):
+    """`nasctl predict` builds an app of that one command: the other command modules are
+    not loaded, and its help, output and errors are those of the whole command tree."""
+    model = tiny_net(tmp_path / "tiny.onnx")
+    code = ("import sys\nfrom nasctl.cli import main\n"
+            f"sys.argv = ['nasctl', '--workspace', {str(tmp_path)!r}, 'predict', {model!r}, '--device', 'edge-quad']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(sorted(m for m in ('nasctl.cli.search', 'nasctl.cli.runs', 'nasctl.cli.tree') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+    nasctl = [sys.executable, "-m", "nasctl"]
+    fast = subprocess.run([*nasctl, "predict", model, "--device", "edge-quad", "--json"], capture_output=True,
+                          text=True, cwd=tmp_path)
+    whole = invoke(model, "--device", "edge-quad", "--json")
+    assert json.loads(fast.stdout) == json.loads(whole.stdout)
+    bad = subprocess.run([*nasctl, "predict", model, "--device", "no-such-device"], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert bad.returncode == whole_code(model) and bad.stderr.count("\n") == 1 and bad.stderr.startswith("error:")
+    helps = subprocess.run([*nasctl, "predict", "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert helps.returncode == 0 and "--exit-rates" in helps.stdout and "Usage: nasctl predict" in helps.stdout
+
+
+def whole_code(model):
+    return invoke(model, "--device", "no-such-device").exit_code

@@ -1,0 +1,110 @@
+"""What every `nasctl` app shares: the group that turns user errors into one line, the
+root options (--workspace, --version) and the handling of library warnings."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from typer.core import TyperGroup
+
+from .. import __version__, workspace
+from ..errors import NasctlError
+
+
+class NasctlGroup(TyperGroup):
+    """Turns user errors into one line on stderr and an exit code; bugs keep their traceback."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            with _library_warnings():
+                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.TyperException as e:  # usage errors: bad flag, bad value
+            if not standalone_mode:
+                raise
+            if type(e).__name__ == "NoArgsIsHelpError":
+                # a group run without a subcommand: not an error. Rich help is already on
+                # stdout (the message is then empty); plain help is the message itself.
+                if e.format_message():
+                    typer.echo(e.format_message())
+                sys.exit(0)
+            _fail(e.format_message(), e.exit_code)
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            _fail("aborted", 130)
+        except NasctlError as e:
+            if not standalone_mode:
+                raise
+            _fail(str(e), e.exit_code)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+WARNINGS_ENV = "NASCTL_WARNINGS"
+
+
+@contextmanager
+def _library_warnings():
+    """Python warnings of the libraries nasctl drives (scikit-learn's ConvergenceWarning,
+    numpy's overflow RuntimeWarning, ...) are not the user's to act on: they stay off the
+    terminal, in worker processes too, unless NASCTL_WARNINGS=1 (or python -W /
+    PYTHONWARNINGS) asks for them."""
+    if os.environ.get(WARNINGS_ENV, "") not in ("", "0"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            yield
+        return
+    if sys.warnoptions:  # the interpreter was told what to show
+        yield
+        return
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = "ignore"  # spawned workers start with it
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONWARNINGS", None)
+        else:
+            os.environ["PYTHONWARNINGS"] = before
+
+
+def _fail(message: str, code: int):
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    sys.exit(code)
+
+
+HELP = ("Hardware-aware neural architecture search. "
+        "Python warnings of the libraries it drives are hidden; NASCTL_WARNINGS=1 shows them.")
+
+
+def _version(value: bool):
+    if value:
+        typer.echo(f"nasctl {__version__}")
+        raise typer.Exit()
+
+
+def new_app() -> typer.Typer:
+    """An app with nasctl's root options and error handling, and no commands yet."""
+    app = typer.Typer(cls=NasctlGroup, no_args_is_help=True, add_completion=False,
+                      pretty_exceptions_show_locals=False, help=HELP)
+
+    @app.callback()
+    def _root(
+        workspace_dir: Annotated[Optional[Path], typer.Option(
+            "--workspace", envvar="NASCTL_WORKSPACE",
+            help="Folder holding search_spaces/, hardware/, predictors/ and runs/.")] = None,
+        version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                              help="Print the version and exit.")] = False,
+    ):
+        workspace.set_workspace(workspace_dir)
+
+    return app
