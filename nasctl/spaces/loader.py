@@ -9,6 +9,7 @@ from .base import SearchSpace
 SPACE_KINDS = Registry("search-space kind")
 SPACE_KINDS.register("mbv2", "nasctl.spaces.mbv2:Mbv2Space")
 SPACE_KINDS.register("nb201", "nasctl.spaces.nb201:Nb201Space")
+SPACE_KINDS.register("vit", "nasctl.spaces.vit:VitSpace")
 
 
 def load_space(name: str) -> SearchSpace:
