@@ -14,7 +14,7 @@ The set is split in two halves, fixed here, alternating within each family: `tun
 says which one change a held-out model prompted).
 
     python benchmarks/published.py [--workspace DIR] [--split tuning|held-out|all] [--only NAME,...]
-                                   [--rounds N] [--no-predict-timing] [--json FILE]
+                                   [--rounds N] [--no-predict-timing | --predict-timing-only] [--json FILE]
 
 torchvision and timm are needed only here: `pip install --no-deps torchvision==0.28.0 timm`
 beside the CPU torch.  torchvision's compiled ops do not load beside the CPU build of
@@ -212,6 +212,15 @@ def predict_seconds(path: Path, workspace: Path, rounds: int = 3) -> float:
     return float(best)
 
 
+def predict_times(paths: list[Path], workspace: Path, rounds: int = 3) -> list[float]:
+    """`predict_seconds` of every model, the models interleaved round by round (min over rounds)."""
+    best = [np.inf] * len(paths)
+    for _ in range(rounds):
+        for i, path in enumerate(paths):
+            best[i] = min(best[i], predict_seconds(path, workspace, rounds=1))
+    return best
+
+
 def summary(rows: list[dict]) -> dict:
     err = np.array([r["error_pct"] for r in rows]) / 100
     return {"models": len(rows), "within_10pct": float(np.mean(np.abs(err) <= 0.10)),
@@ -228,6 +237,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
     ap.add_argument("--no-predict-timing", action="store_true", help="skip timing `nasctl predict` on each model")
     ap.add_argument("--export-only", action="store_true", help="only build the ONNX files")
+    ap.add_argument("--predict-timing-only", action="store_true",
+                    help="only time `nasctl predict` on each model (no latency measured)")
     ap.add_argument("--refit", action="store_true", help="fit cpu-local again from the networks its profile measured")
     ap.add_argument("--json", type=Path, help="also write the full result as JSON here")
     args = ap.parse_args()
@@ -246,15 +257,23 @@ def main() -> None:
     if args.export_only:
         return
     print(f"{len(paths)} models ready in {folder} ({time.perf_counter() - t0:.0f} s)")
+    if args.predict_timing_only:
+        times = predict_times(paths, args.workspace)
+        for e, t in sorted(zip(chosen, times), key=lambda et: -et[1]):
+            print(f"{e.name:<30}{e.split:>9}{t:>8.2f} s")
+        print(f"nasctl predict: max {max(times):.2f} s, median {np.median(times):.2f} s, "
+              f"{sum(t > 1 for t in times)} of {len(times)} over 1 s")
+        return
     device = ensure_device(args.workspace, reprofile=False, refit=args.refit)
 
     from nasctl.hardware.measure.profile import validate_models
 
     doc = validate_models(device, paths, rounds=args.rounds)
-    for e, r in zip(chosen, doc["models"]):
+    times = None if args.no_predict_timing else predict_times([Path(r["path"]) for r in doc["models"]], args.workspace)
+    for i, (e, r) in enumerate(zip(chosen, doc["models"])):
         r.update(split=e.split, family=e.family, exporter=e.exporter, int8=e.int8)
-        if not args.no_predict_timing:
-            r["predict_s"] = predict_seconds(Path(r["path"]), args.workspace)
+        if times is not None:
+            r["predict_s"] = times[i]
     print(f"\n{'model':<30}{'half':>9}{'predicted ms':>14}{'measured ms':>13}{'error':>9}"
           + ("" if args.no_predict_timing else f"{'predict s':>11}"))
     for r in sorted(doc["models"], key=lambda r: (r["split"], r["model"])):
