@@ -2,7 +2,10 @@
 
 Names resolve in this order: the workspace given by `--workspace` or
 `NASCTL_WORKSPACE`, the current project (the nearest folder upwards holding a
-`pyproject.toml` with a `[tool.nasctl]` table), then the copies packaged with nasctl.
+`pyproject.toml` with a `[tool.nasctl]` table), the copies packaged with nasctl, then
+those of installed plugins: an entry point of group `nasctl.data` names a package whose
+folder holds data folders (`search_spaces/`, `hardware/`, ...); its entries' origin is
+the plugin's distribution and version.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ def set_workspace(path: Path | None) -> None:
 
 @dataclass(frozen=True)
 class Root:
-    origin: str  # "workspace", "project" or "packaged"
+    origin: str  # "workspace", "project", "packaged", or a plugin's "DISTRIBUTION VERSION"
     path: Path
 
 
@@ -53,6 +56,7 @@ def roots() -> list[Root]:
             out.append(Root("project", folder))
             break
     out.append(Root("packaged", _packaged_root()))
+    out += _plugin_roots()
     seen: set[Path] = set()
     unique = []
     for r in out:
@@ -62,10 +66,33 @@ def roots() -> list[Root]:
     return unique
 
 
+def _plugin_roots() -> list[Root]:
+    """The data folders of installed plugins (entry points of group `nasctl.data`, each
+    naming a package); found without importing the package where it is a top-level one."""
+    import importlib.util
+
+    from .registry import plugin_entry_points, warn
+
+    found = []
+    for name, value, origin in plugin_entry_points("nasctl.data"):
+        try:
+            spec = importlib.util.find_spec(value)
+            folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        except Exception as e:  # a dotted name imports its parents, whatever they raise
+            warn(f"plugin {origin}: data entry '{name}' (nasctl.data) names package '{value}', which "
+                 f"cannot be found: {e}")
+            continue
+        if not folders:
+            warn(f"plugin {origin}: data entry '{name}' (nasctl.data) names '{value}', which is not a package")
+            continue
+        found.append(Root(origin, Path(folders[0]).resolve()))
+    return found
+
+
 def runs_folder() -> Path:
     """`runs/` of the workspace or project; `./runs` when only packaged data is in use."""
     for r in roots():
-        if r.origin != "packaged":
+        if r.origin in ("workspace", "project"):
             return r.path / "runs"
     return Path.cwd() / "runs"
 
@@ -119,7 +146,7 @@ def new_entry(folder: str, name: str, what: str) -> Path:
     fitted device, a trained predictor) is written; a one-line UsageError where there is no
     workspace or the name is not a plain name."""
     root = roots()[0]
-    if root.origin == "packaged":
+    if root.origin not in ("workspace", "project"):
         raise UsageError(f"no workspace to save the {what} into: give --workspace DIR (or set NASCTL_WORKSPACE), "
                          "or run inside a project whose pyproject.toml has a [tool.nasctl] table")
     if not name or "/" in name or "\\" in name or name.startswith("."):

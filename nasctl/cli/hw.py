@@ -22,15 +22,14 @@ LOCAL = "cpu-local"  # the device `hw profile` measures by default
 
 
 @app.command("list")
-def list_devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False):
-    """List the devices and where each comes from."""
-    rows = [{"name": e.name, "origin": e.origin, "path": str(e.path)} for e in workspace.entries("hardware")]
-    if as_json:
-        return print_json(rows)
-    table = Table("name", "origin", "path")
-    for r in rows:
-        table.add_row(r["name"], r["origin"], r["path"])
-    out.print(table)
+def list_devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+                 kinds: Annotated[bool, typer.Option("--kinds", help="List only the kinds (built-in or "
+                                                     "from plugins) devices are made of.")] = False):
+    """List the devices and where each comes from, then the device kinds and theirs."""
+    from ..hardware.loader import DEVICE_KINDS
+    from .space import print_listing
+
+    print_listing(workspace.entries("hardware"), DEVICE_KINDS, "device", as_json, kinds)
 
 
 def _device(name: str):

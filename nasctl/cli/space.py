@@ -15,15 +15,48 @@ app = typer.Typer(no_args_is_help=True, help="Search spaces: list them, show one
 
 
 @app.command("list")
-def list_spaces(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False):
-    """List the search spaces and where each comes from."""
-    rows = [{"name": e.name, "origin": e.origin, "path": str(e.path)} for e in workspace.entries("search_spaces")]
-    if as_json:
-        return print_json(rows)
-    table = Table("name", "origin", "path")
-    for r in rows:
-        table.add_row(r["name"], r["origin"], r["path"])
+def list_spaces(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+                kinds: Annotated[bool, typer.Option("--kinds", help="List only the kinds (built-in or "
+                                                    "from plugins) spaces are made of.")] = False):
+    """List the search spaces and where each comes from, then the space kinds and theirs."""
+    from ..spaces.loader import SPACE_KINDS
+
+    print_listing(workspace.entries("search_spaces"), SPACE_KINDS, "space", as_json, kinds)
+
+
+def print_listing(entries, registry, what: str, as_json: bool, kinds_only: bool) -> None:
+    """The spec files of a data folder (name, kind, origin, path), then the kinds of
+    `registry` and their origins: one table each, or JSON (the spec files as a list, each
+    with its kind; with `kinds_only`, the kinds as a list of {name, origin})."""
+    failed = registry.check_plugins()  # a plugin that does not load: one warning line each
+    kinds = [{"name": k.name, "origin": k.origin, **({"error": failed[k.name]} if k.name in failed else {})}
+             for k in registry.entries()]
+    if kinds_only:
+        if as_json:
+            return print_json(kinds)
+    else:
+        rows = [{"name": e.name, "kind": _kind(e.path), "origin": e.origin, "path": str(e.path)} for e in entries]
+        if as_json:
+            return print_json(rows)
+        table = Table("name", "kind", "origin", "path", title=f"{what}s")
+        for r in rows:
+            table.add_row(r["name"], r["kind"], r["origin"], r["path"])
+        out.print(table)
+    table = Table("kind", "origin", title=f"{what} kinds")
+    for k in kinds:
+        table.add_row(k["name"], k["origin"] + (" (cannot be loaded)" if "error" in k else ""))
     out.print(table)
+
+
+def _kind(path) -> str:
+    """The `kind:` of a spec file, read without building it ("" where it cannot be read)."""
+    from ..errors import ConfigError
+    from ..specs import read_yaml
+
+    try:
+        return str(read_yaml(path).get("kind", ""))
+    except ConfigError:
+        return ""
 
 
 @app.command("show")

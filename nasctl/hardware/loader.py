@@ -6,7 +6,7 @@ from .. import specs, workspace
 from ..registry import Registry
 from .base import CostModel
 
-DEVICE_KINDS = Registry("device kind")
+DEVICE_KINDS = Registry("device kind", group="nasctl.device_kinds")
 DEVICE_KINDS.register("analytical", "nasctl.hardware.accelerator:AnalyticalAccelerator")
 DEVICE_KINDS.register("gpu", "nasctl.hardware.gpu:GpuRoofline")
 DEVICE_KINDS.register("lut", "nasctl.hardware.lut:LutDevice")

@@ -2,7 +2,7 @@
 
 from ..registry import Registry
 
-PREDICTORS = Registry("predictor model")
+PREDICTORS = Registry("predictor model", group="nasctl.predictors")
 PREDICTORS.register("ridge", "nasctl.predictors.ridge:RidgePredictor")
 PREDICTORS.register("gbt", "nasctl.predictors.gbt:GBTPredictor")
 PREDICTORS.register("gp", "nasctl.predictors.gp:GPPredictor")

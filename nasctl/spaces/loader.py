@@ -6,7 +6,7 @@ from .. import specs, workspace
 from ..registry import Registry
 from .base import SearchSpace
 
-SPACE_KINDS = Registry("search-space kind")
+SPACE_KINDS = Registry("search-space kind", group="nasctl.space_kinds")
 SPACE_KINDS.register("mbv2", "nasctl.spaces.mbv2:Mbv2Space")
 SPACE_KINDS.register("nb201", "nasctl.spaces.nb201:Nb201Space")
 SPACE_KINDS.register("vit", "nasctl.spaces.vit:VitSpace")

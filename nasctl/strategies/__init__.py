@@ -2,7 +2,7 @@
 
 from ..registry import Registry
 
-STRATEGIES = Registry("strategy")
+STRATEGIES = Registry("strategy", group="nasctl.strategies")
 STRATEGIES.register("nsga2", "nasctl.strategies.evolutionary:NSGA2Strategy")
 STRATEGIES.register("nsga3", "nasctl.strategies.evolutionary:NSGA3Strategy")
 STRATEGIES.register("agemoea", "nasctl.strategies.evolutionary:AGEMOEAStrategy")
