@@ -33,7 +33,9 @@ JSON document:
                                          qualifies
   seed, budget, epochs, runs, report, wall_s
 
-    python benchmarks/eenn.py --seed 0 --out DIR [--budget N] [--epochs N] [--dataset D]
+    python benchmarks/eenn.py --seed 0 --out DIR [--budget N] [--epochs N] [--dataset D] [--space S]
+
+(`--space ee-vit`: the same comparison on the vision-transformer space; see benchmarks/vit.py.)
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def static_pins(space, bits: int) -> dict:
     for v in space.variables():
         if v.name.startswith("exit_"):
             pins[v.name] = 0 if v.name.removeprefix("exit_") in early else v.choices[0]
-        elif v.name == "backbone_bits" or re.fullmatch(r"s\d+_bits", v.name):
+        elif v.name in ("backbone_bits", "attn_bits") or re.fullmatch(r"s\d+_bits", v.name):
             pins[v.name] = bits
     return pins
 
@@ -65,7 +67,7 @@ def int8_pins(space) -> dict:
     """Knob values that fix every bit width of `space` (backbone, stages, exit heads) at 8 and
     leave the exits and their thresholds free: the early-exit network without low-bit gains."""
     return {v.name: 8 for v in space.variables()
-            if v.name in ("backbone_bits", "exit_bits") or re.fullmatch(r"s\d+_bits", v.name)}
+            if v.name in ("backbone_bits", "attn_bits", "exit_bits") or re.fullmatch(r"s\d+_bits", v.name)}
 
 
 def _search(values: dict, run_dir: str) -> str:
@@ -173,6 +175,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True, help="folder for the four run folders and the report")
     ap.add_argument("--preset", default="eenn")
+    ap.add_argument("--space", help="search space of the four searches [default: the preset's]")
     ap.add_argument("--budget", type=int, help="candidates per search [default: the preset's]")
     ap.add_argument("--epochs", type=int, help="training epochs per candidate [default: the preset's]")
     ap.add_argument("--dataset", help="digits, a CIFAR-10 python-batches folder or an .npz [default: the preset's]")
@@ -186,7 +189,7 @@ def main() -> None:
     t0 = time.perf_counter()
     values, _ = read_settings(preset=args.preset)
     values.update({k: v for k, v in (("seed", args.seed), ("budget", args.budget), ("epochs", args.epochs),
-                                     ("dataset", args.dataset)) if v is not None})
+                                     ("dataset", args.dataset), ("space", args.space)) if v is not None})
     cfg = make_config(values, f"preset {args.preset}")  # checks the settings before anything runs
     space = load_space(cfg.space)
     searches = plan(values, space)
