@@ -160,3 +160,18 @@ def test_a_short_training_on_digits_beats_chance_with_calibrated_exits(space):
     assert len(result.thresholds) == 2
     # calibrated to the tolerance on validation data (two epochs: one gives a transformer 18 steps)
     assert result.val_accuracy >= result.val_exit_accuracies[-1] - 2.0 - 1e-9
+
+
+def test_the_eenn_benchmark_pins_every_bit_width_of_a_vit_space():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "eenn.py"
+    spec = importlib.util.spec_from_file_location("eenn_benchmark", path)
+    eenn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eenn)
+    space = VitSpace.from_dict(_spec(quantization={"backbone_bits": [32, 8, 4], "exit_bits": [32, 8, 4],
+                                                   "attn_bits": [32, 8, 4]}))
+    static = eenn.static_pins(space, 8)
+    assert static["exit_g1"] == static["exit_g2"] == 0 and static["backbone_bits"] == static["attn_bits"] == 8
+    assert eenn.int8_pins(space) == {"backbone_bits": 8, "attn_bits": 8, "exit_bits": 8}
