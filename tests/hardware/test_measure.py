@@ -268,3 +268,23 @@ def test_context_blocks_of_published_families_run_and_import(tmp_path, kind):
     out, = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
         None, {"input": np.zeros((1, 3, 32, 32), np.float32)})
     assert out.shape == b.shapes[x]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tiny_context_networks_cover_small_inputs_and_transformers(tmp_path, seed):
+    """Small networks on digits-sized inputs (what search candidates train on): valid,
+    fully importable, with kernels over few tokens or pixels."""
+    from nasctl.hardware.measure.context import TINY_SIZES, _tiny_net
+
+    model, description = _tiny_net(np.random.default_rng(seed), 2e6)
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / "net.onnx"
+    path.write_bytes(model.SerializeToString())
+    result = import_onnx(path)
+    assert not result.unsupported and result.layers and "tiny" in description
+    assert result.layers[0].in_hw[0] in TINY_SIZES
+
+
+def test_some_context_networks_are_tiny():
+    descriptions = [random_network(np.random.default_rng(k))[1] for k in range(60)]
+    assert 2 <= sum("tiny" in d for d in descriptions) <= 20

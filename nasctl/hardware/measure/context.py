@@ -423,7 +423,7 @@ class _Blocks:
     def attention(self, x):
         b, rng = self.b, self.rng
         _, t, c = b.shapes[x]
-        heads = max(1, c // _pick(rng, (32, 64)))
+        heads = max(1, c // _pick(rng, (32, 64))) if c >= 64 else _pick(rng, tuple(h for h in (1, 2, 4) if c % h == 0))
         d = c // heads
 
         def split(y):
@@ -467,7 +467,9 @@ class _Blocks:
 
 def random_network(rng: np.random.Generator, max_macs: float = 1e8):
     """A random context network (an onnx.ModelProto) and a short description of it."""
-    family = _pick(rng, ("cnn", "cnn", "cnn", "cnn", "int8", "int8", "transformer", "unet"))
+    family = _pick(rng, ("cnn", "cnn", "cnn", "cnn", "int8", "int8", "transformer", "unet", "tiny"))
+    if family == "tiny":
+        return _tiny_net(rng, min(max_macs, 2e6))
     budget = float(np.exp(rng.uniform(np.log(1e6), np.log(max_macs))))
     size = _pick(rng, SIZES)
     if family == "transformer":
@@ -482,17 +484,37 @@ def random_network(rng: np.random.Generator, max_macs: float = 1e8):
     return _cnn_net(rng, size, budget)
 
 
-def _cnn_net(rng, size, budget, int8: bool = False):
+TINY_SIZES = (8, 12, 16)  # digits-sized inputs, what small search candidates see
+
+
+def _tiny_net(rng, max_macs: float):
+    """A small network on a small input (8-16 px, one or three channels), a conv net or a
+    vision transformer over 4-64 tokens of 16-64 channels: kernels whose fixed cost is
+    most of their time, as in the candidates a search trains on small images."""
+    budget = float(np.exp(rng.uniform(np.log(1e4), np.log(max_macs))))
+    size, channels = _pick(rng, TINY_SIZES), _pick(rng, (1, 3))
+    if rng.random() < 0.5:
+        model, description = _transformer_net(rng, size, budget, channels=channels, dims=(16, 24, 32, 48, 64),
+                                              conv_stem=rng.random() < 0.3)
+    else:
+        int8 = bool(rng.random() < 0.3)
+        model, description = _cnn_net(rng, size, budget, int8=int8, channels=channels, widths=(8, 16, 24, 32))
+        if int8:
+            return quantize(model, rng, per_channel=bool(rng.random() < 0.5)), f"int8 tiny {description}"
+    return model, f"tiny {description}"
+
+
+def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(16, 24, 32, 48, 64)):
     """A conv net; with `int8`, one to be quantized: its activations are those static
     quantization folds into a kernel's output range (others would run apart, in float
     between quantization pairs, inside one kernel's tag)."""
-    b = NetBuilder(rng, (1, 3, size, size))
+    b = NetBuilder(rng, (1, channels, size, size))
     blocks = _Blocks(b, rng, budget)
     kinds = ("plain", "basic", "bottleneck", "mbconv", "fire", "dense", "shuffle", "grouped", "mixconv",
              "ghost") + (() if int8 else ("mixer_conv", "convnext"))
     kind = _pick(rng, kinds)
     act = _pick(rng, ("relu", "relu6", "") if int8 else CONV_ACTS[:-2])
-    width = _width(rng, _pick(rng, (16, 24, 32, 48, 64)))
+    width = _width(rng, _pick(rng, widths))
     stride = 2 if size >= 96 or rng.random() < 0.3 else 1
     x = b.conv("input", width, _pick(rng, (3, 3, 5, 7)) if kind != "mixer_conv" else 1, stride, act=act or "relu")
     if size >= 112 and rng.random() < 0.5:
@@ -515,18 +537,23 @@ def _cnn_net(rng, size, budget, int8: bool = False):
     return b.model(y), f"{kind} {size}px"
 
 
-def _transformer_net(rng, size, budget):
-    b = NetBuilder(rng, (1, 3, size, size))
+def _transformer_net(rng, size, budget, channels: int = 3, dims=None, conv_stem: bool = False):
+    b = NetBuilder(rng, (1, channels, size, size))
     blocks = _Blocks(b, rng)
-    patch = _pick(rng, tuple(p for p in (2, 4, 8, 16) if size // p >= 4 and (size // p) ** 2 <= 1600) or (size // 4,))
+    patch = _pick(rng, tuple(p for p in (2, 4, 8, 16) if size % p == 0 and size // p >= 2
+                             and (size // p) ** 2 <= 1600 and (size // p >= 4 or size <= 16)) or (size // 4,))
     tokens = (size // patch) ** 2
-    if tokens > 400:  # the first stages of hierarchical transformers (PVT, EdgeNeXt): many narrow tokens
-        dims = (32, 48, 64)
-    else:  # wide ones only over few tokens
-        dims = (64, 96, 128, 192, 256, 384) + ((512, 768) if tokens <= 100 else ())
+    if dims is None:
+        if tokens > 400:  # the first stages of hierarchical transformers (PVT, EdgeNeXt): many narrow tokens
+            dims = (32, 48, 64)
+        else:  # wide ones only over few tokens
+            dims = (64, 96, 128, 192, 256, 384) + ((512, 768) if tokens <= 100 else ())
     dim = _pick(rng, dims)
     mixer = rng.random() < 0.3
-    x = b.conv("input", dim, patch, patch, pad=0)
+    x = "input"
+    if conv_stem:  # a hybrid: a small conv before the patches
+        x = b.conv(x, _pick(rng, (8, 16)), 3, act="relu")
+    x = b.conv(x, dim, patch, patch, pad=0)
     g = b.shapes[x][2]
     tag = b._tag()
     x = b.transpose(b.reshape(x, (1, dim, g * g), tag), (0, 2, 1), tag)
