@@ -19,6 +19,8 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
+
 from nasctl import workspace
 from nasctl.hardware.fit import write_device
 from nasctl.hardware.loader import load_device
@@ -57,6 +59,27 @@ def print_machine_state(summary: dict) -> None:
               f"(the machine's load now against the profile's typical chunk)")
 
 
+def load_adjusted(rows: list[dict], summary: dict) -> dict | None:
+    """The errors of `rows` (validate_models' models) with each prediction scaled by how much
+    slower or faster the profile's reference networks ran now than when profiled: the
+    device's error apart from the machine's load at the time (a second figure, beside the
+    raw one). None where the references were not measured."""
+    factor = summary.get("machine_vs_profile")
+    if not factor or not rows:
+        return None
+    err = np.array([r["predicted_ms"] * factor / r["measured_ms"] - 1 for r in rows])
+    return {"factor": float(factor), "within_10pct": float(np.mean(np.abs(err) <= 0.10)),
+            "within_5pct": float(np.mean(np.abs(err) <= 0.05)), "worst_pct": float(err[np.argmax(np.abs(err))] * 100),
+            "median_pct": float(np.median(err) * 100)}
+
+
+def print_load_adjusted(what: str, adjusted: dict | None) -> None:
+    if adjusted:
+        print(f"{what}, predictions x {adjusted['factor']:.3f} (the machine's load now): "
+              f"{adjusted['within_10pct'] * 100:.0f}% within ±10%, {adjusted['within_5pct'] * 100:.0f}% within ±5%, "
+              f"worst {adjusted['worst_pct']:+.1f}%, median {adjusted['median_pct']:+.1f}%")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workspace", type=Path, default=DEFAULT_WORKSPACE, help="workspace holding hardware/cpu-local/")
@@ -81,6 +104,8 @@ def main() -> None:
     print(f"\n{s['models']} zoo models: {s['within_10pct'] * 100:.0f}% within ±10%, "
           f"{s['within_5pct'] * 100:.0f}% within ±5%, RMS error {s['rms_error_pct']:.1f}%")
     print_machine_state(s)
+    doc["load_adjusted"] = load_adjusted(doc["models"], s)
+    print_load_adjusted("zoo", doc["load_adjusted"])
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2), encoding="utf-8")
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cpu_local import DEFAULT_WORKSPACE, ensure_device, print_machine_state
+from cpu_local import DEFAULT_WORKSPACE, ensure_device, load_adjusted, print_load_adjusted, print_machine_state
 
 # (name, library, constructor name, input px, int8, exporter, family).  Families alternate
 # between the halves in this order.
@@ -294,6 +294,12 @@ def main() -> None:
               f"{s['within_5pct'] * 100:.0f}% within ±5%, RMS error {s['rms_error_pct']:.1f}%, "
               f"worst {s['worst_pct']:+.1f}%, {s['unpriced_models']} with unpriced ops")
     print_machine_state(doc["summary"])
+    doc["halves_load_adjusted"] = {}
+    for half in ("tuning", "held-out"):
+        adjusted = load_adjusted([r for r in doc["models"] if r["split"] == half], doc["summary"])
+        if adjusted:
+            doc["halves_load_adjusted"][half] = adjusted
+            print_load_adjusted(half, adjusted)
     if not args.no_predict_timing:
         slowest = max(doc["models"], key=lambda r: r["predict_s"])
         print(f"nasctl predict: max {slowest['predict_s']:.2f} s ({slowest['model']}), "
