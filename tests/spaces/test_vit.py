@@ -14,6 +14,9 @@ from nasctl.errors import ConfigError, UsageError
 from nasctl.spaces.loader import load_space
 from nasctl.spaces.vit import VitSpace
 
+# torch's TorchScript exporter (what nasctl's zoo uses too) warns that it is deprecated
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
 SHAPES = ("op", "in_ch", "out_ch", "in_hw", "out_hw", "kernel", "stride", "groups", "fn", "bias")
 DEVICES = ("edge-quad", "edge-single", "eyeriss-like", "mcu-m7", "h100")
 
