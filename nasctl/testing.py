@@ -29,7 +29,7 @@ import numpy as np
 from .hardware.layers import OPS, LayerSpec
 from .spaces.base import SearchSpace, Variable, arch_key
 
-__all__ = ["check_space", "check_device", "check_strategy", "drive", "toy_objectives",
+__all__ = ["check_space", "check_device", "check_strategy", "drive", "toy_objectives", "NineSpace",
            "layers_of_module", "compute_layers"]
 
 
@@ -263,12 +263,12 @@ def toy_objectives(space: SearchSpace, arch) -> np.ndarray:
 
 
 def drive(strategy_cls, space: SearchSpace, seed: int, n_total: int, *, max_ask: int | None = None,
-          pool: bool = False) -> tuple[list[dict], list[int]]:
+          pool: bool = False, constraint=None) -> tuple[list[dict], list[int]]:
     """Run a strategy as the search engine does: ask for what the budget has left (or at
-    most `max_ask`), evaluate on `toy_objectives`, tell; returns every proposal and each
-    ask's size."""
+    most `max_ask`), evaluate on `toy_objectives` (and `constraint(space, arch)`, feasible
+    where <= 0, if given), tell; returns every proposal and each ask's size."""
     strategy = strategy_cls()
-    strategy.setup(space, 2, 0, seed=seed, budget=n_total, pool=pool)
+    strategy.setup(space, 2, 0 if constraint is None else 1, seed=seed, budget=n_total, pool=pool)
     proposed, sizes = [], []
     while len(proposed) < n_total:
         asked = min(n_total - len(proposed), max_ask or n_total)
@@ -277,11 +277,12 @@ def drive(strategy_cls, space: SearchSpace, seed: int, n_total: int, *, max_ask:
         assert len(archs) <= asked, f"{strategy_cls.__name__} proposed {len(archs)} architectures, asked for {asked}"
         sizes.append(len(archs))
         proposed += archs
-        strategy.tell(archs, np.array([toy_objectives(space, a) for a in archs]), np.zeros((len(archs), 0)))
+        G = np.array([[constraint(space, a)] for a in archs]) if constraint else np.zeros((len(archs), 0))
+        strategy.tell(archs, np.array([toy_objectives(space, a) for a in archs]), G)
     return proposed, sizes
 
 
-class _Nine(SearchSpace):
+class NineSpace(SearchSpace):
     """Nine architectures: two knobs of three choices."""
 
     name = "nine"
@@ -328,7 +329,7 @@ def check_strategy(strategy_cls, space: SearchSpace, *, budget: int = 16, seed: 
     strategy.setup(space, 2, 0, seed=seed, budget=4)
     assert strategy.ask(0) == [], f"{who}: ask(0) proposed architectures"
 
-    nine = _Nine()
+    nine = NineSpace()
     strategy = strategy_cls()
     strategy.setup(nine, 2, 0, seed=seed, budget=20)
     proposed: list[dict] = []

@@ -27,7 +27,6 @@ def _predict_app():
 
     app = new_app()
     app.command("predict")(predict.predict)
-    app.command("_", hidden=True)(lambda: None)  # a group of one command would take it as the root
     return app
 
 

@@ -6,6 +6,7 @@ Search spaces emit it, the ONNX importer emits it, and every cost model prices i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import prod
 
 # Op kinds a cost model may be asked to price.  Tensors are described as channels x
 # (height, width); a sequence of T tokens of width C is C x (T, 1).
@@ -107,3 +108,16 @@ class LayerSpec:
         """What determines this layer's cost (everything but its place in the network)."""
         return (self.op, self.in_ch, self.out_ch, self.in_hw, self.out_hw, self.kernel,
                 self.stride, self.groups, self.w_bits, self.a_bits, self.fn, self.dequantized)
+
+
+def chw(shape: tuple[int, ...]) -> tuple[int, tuple[int, int]]:
+    """channels x (H, W) of a tensor as the ONNX importer reads it: rank 4 and up NCHW
+    (further dims folded into W), rank 3 and below channels-last ([B, T, C] -> C x (T, B))."""
+    s = shape
+    if len(s) >= 4:
+        return s[1], (s[2], prod(s[3:]) * s[0])
+    if len(s) == 3:
+        return s[2], (s[1], s[0])
+    if len(s) == 2:
+        return s[1], (s[0], 1)
+    return (s[0] if s else 1), (1, 1)

@@ -61,7 +61,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..errors import UsageError
-from .layers import LayerSpec
+from .layers import LayerSpec, chw
 
 Shape = tuple[int, ...]
 
@@ -201,17 +201,6 @@ def _links(nodes: list[Node]) -> tuple[dict[str, Node], dict[str, list[Node]]]:
                 consumers.setdefault(name, []).append(n)
     return producer, consumers
 
-
-def chw(shape: Shape) -> tuple[int, tuple[int, int]]:
-    """channels x (H, W) of a tensor; see the module docstring."""
-    s = shape
-    if len(s) >= 4:
-        return s[1], (s[2], prod(s[3:]) * s[0])
-    if len(s) == 3:
-        return s[2], (s[1], s[0])
-    if len(s) == 2:
-        return s[1], (s[0], 1)
-    return (s[0] if s else 1), (1, 1)
 
 
 def _spatial(shape: Shape) -> tuple[int, tuple[int, int]]:
@@ -1319,7 +1308,6 @@ def _runs_dequantized(g: Graph, i: int, node: Node, written: Sequence[str],
     selectors: one of the quantized tensors it reads (out of a DequantizeLinear) has other
     readers, or its output has another reader than one QuantizeLinear whose values each
     reach one node."""
-    layer = g.layers[i]
     original = node.members[0] if node.members else node
     if apart is not None and original.name in g.names:
         return (original.name, original.op_type) in apart

@@ -19,27 +19,25 @@ and, once the dataset gives the input, its activations for one training batch to
 from __future__ import annotations
 
 import weakref
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import numpy as np
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ..errors import ConfigError
 from ..hardware.layers import LayerSpec
 from .base import Arch, SearchSpace, Variable, machine_memory
+from .spec_parts import BitKnobs, Choice, ExitKnobs
+from .spec_parts import Strict as _Strict
+from .spec_parts import choices as _choices
+from .spec_parts import positive as _positive
 
-Choice = Union[int, list[int]]
-BITS = (4, 8, 16, 32)
 MAXIMA = {"depth": 64, "kernel": 31, "stride": 8}  # channels, widths, expansions: bounded by memory
 TRAIN_BYTES_PER_PARAM = 16  # float32 weight, its gradient, AdamW's two moments
 SAVED_PER_CONV = 3          # activations a conv unit keeps for the backward pass: conv, BN, quantized act
 LOAD_INPUT = (3, 10)        # input channels and classes assumed when a spec is loaded (no dataset yet)
-
-
-def _choices(value: Choice) -> tuple[int, ...]:
-    return tuple(value) if isinstance(value, list) else (value,)
 
 
 def _at_most(name: str):
@@ -53,18 +51,6 @@ def _at_most(name: str):
         return v
 
     return field_validator(name)(classmethod(check))
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-def _positive(v: Choice) -> Choice:
-    """A knob's choices, checked: one positive integer or a non-empty list of them."""
-    values = _choices(v)
-    if not values or any(x <= 0 for x in values):
-        raise ValueError("must be a positive integer or a non-empty list of them")
-    return v
 
 
 class StemSpec(_Strict):
@@ -97,36 +83,12 @@ class HeadSpec(_Strict):
     channels: int = Field(gt=0)
 
 
-class ExitSpec(_Strict):
+class ExitSpec(ExitKnobs):
     after_stages: list[int] = []
-    width: Choice = 32
-    tolerance: Optional[Union[float, list[float]]] = None  # accuracy points; a list is a knob
-
-    _width = field_validator("width")(classmethod(lambda cls, v: _positive(v)))
-
-    @field_validator("tolerance")
-    @classmethod
-    def _tolerance(cls, v):
-        if v is None:
-            return v
-        values = v if isinstance(v, list) else [v]
-        if not values or any(t < 0 for t in values):
-            raise ValueError("must be accuracy points >= 0, or a non-empty list of them")
-        return [float(t) for t in values]
 
 
-class QuantSpec(_Strict):
-    backbone_bits: Choice = 32
-    exit_bits: Choice = 32
+class QuantSpec(BitKnobs):
     per_stage: bool = False  # a backbone_bits knob per stage (s{i}_bits) instead of one for all
-
-    @field_validator("backbone_bits", "exit_bits")
-    @classmethod
-    def _bits(cls, v: Choice) -> Choice:
-        bad = [b for b in _choices(v) if b not in BITS]
-        if bad:
-            raise ValueError(f"bit widths {bad} not supported; allowed: {list(BITS)}")
-        return v
 
 
 class Mbv2Spec(_Strict):
@@ -225,7 +187,6 @@ class Mbv2Space(SearchSpace):
             lo, hi = (mid, hi) if params(with_max(key, mid)) * TRAIN_BYTES_PER_PARAM <= memory else (lo, mid)
         allowed = (f"allowed on this machine: up to {lo} (with the other keys as they are)" if lo
                    else "lower the other keys' largest choices too")
-        path = ".".join(map(str, key))
         raise ValidationError.from_exception_data("Mbv2Spec", [InitErrorDetails(
             type=PydanticCustomError("too_large", "{msg}", {"msg": (
                 f"{max(values(key))} makes the largest architecture {_count(params(self))} parameters, "

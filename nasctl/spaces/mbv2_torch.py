@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..evaluation.quant import ActQuant, QConv2d, QLinear
+from .exit_net import ExitNet
 
 
 def _conv_unit(cin: int, cout: int, k: int, stride: int, groups: int, bits: int, act: bool) -> nn.Sequential:
@@ -61,21 +62,10 @@ class Classifier(nn.Module):
         return self.fc(self.pool(self.conv(x)))
 
 
-class Mbv2Net(nn.Module):
+class Mbv2Net(ExitNet):
     """Blocks in plan order; a `Classifier` block emits logits and the backbone goes on."""
 
-    def __init__(self, blocks: list[nn.Module]):
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
-
-    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        outputs = []
-        for block in self.blocks:
-            if isinstance(block, Classifier):
-                outputs.append(block(x))
-            else:
-                x = block(x)
-        return outputs
+    head_type = Classifier
 
 
 def build_mbv2(plan: list[dict], input_shape: tuple[int, int, int], classes: int) -> Mbv2Net:

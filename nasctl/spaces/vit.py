@@ -20,35 +20,21 @@ the MLP) and exit_bits.  A list in the spec is a knob; a scalar is fixed.
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
-import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..errors import ConfigError
-from ..hardware.layers import LayerSpec
+from ..hardware.layers import LayerSpec, chw
 from .base import Arch, SearchSpace, Variable, machine_memory
+from .spec_parts import BitKnobs, Choice, ExitKnobs, check_bits
+from .spec_parts import Strict as _Strict
+from .spec_parts import choices as _choices
+from .spec_parts import positive as _positive
 
-Choice = Union[int, list[int]]
-BITS = (4, 8, 16, 32)
 MAX_DEPTH = 64
 TRAIN_BYTES_PER_PARAM = 16  # float32 weight, its gradient, AdamW's two moments
 SAVED_PER_LAYER = 2         # activations a layer keeps for the backward pass (its output, its quantized copy)
-
-
-def _choices(value: Choice) -> tuple[int, ...]:
-    return tuple(value) if isinstance(value, list) else (value,)
-
-
-def _positive(v: Choice) -> Choice:
-    values = _choices(v)
-    if not values or any(x <= 0 for x in values):
-        raise ValueError("must be a positive integer or a non-empty list of them")
-    return v
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class StemSpec(_Strict):
@@ -88,38 +74,14 @@ class GroupSpec(_Strict):
         return v
 
 
-class ExitSpec(_Strict):
+class ExitSpec(ExitKnobs):
     after_groups: list[int] = []
-    width: Choice = 32
-    tolerance: Optional[Union[float, list[float]]] = None  # accuracy points; a list is a knob
-
-    _width = field_validator("width")(classmethod(lambda cls, v: _positive(v)))
-
-    @field_validator("tolerance")
-    @classmethod
-    def _tolerance(cls, v):
-        if v is None:
-            return v
-        values = v if isinstance(v, list) else [v]
-        if not values or any(t < 0 for t in values):
-            raise ValueError("must be accuracy points >= 0, or a non-empty list of them")
-        return [float(t) for t in values]
 
 
-class QuantSpec(_Strict):
-    backbone_bits: Choice = 32
-    exit_bits: Choice = 32
+class QuantSpec(BitKnobs):
     attn_bits: Optional[Choice] = None  # the attention's own bit width (a knob); None: the backbone's
 
-    @field_validator("backbone_bits", "exit_bits", "attn_bits")
-    @classmethod
-    def _bits(cls, v):
-        if v is None:
-            return v
-        bad = [b for b in _choices(v) if b not in BITS]
-        if bad or not _choices(v):
-            raise ValueError(f"bit widths {bad} not supported; allowed: {list(BITS)}")
-        return v
+    _attn_bits = field_validator("attn_bits")(classmethod(lambda cls, v: check_bits(v)))
 
 
 class VitSpec(_Strict):
@@ -274,19 +236,6 @@ class VitSpace(SearchSpace):
         return (1, 8, 8), 10
 
 
-def _chw(shape: tuple[int, ...]) -> tuple[int, tuple[int, int]]:
-    """channels x (H, W) of a tensor as the ONNX importer reads it: rank 4 and up NCHW
-    (further dims folded into W), rank 3 and below channels-last ([B, T, C] -> C x (T, B))."""
-    s = shape
-    if len(s) >= 4:
-        return s[1], (s[2], prod(s[3:]) * s[0])
-    if len(s) == 3:
-        return s[2], (s[1], s[0])
-    if len(s) == 2:
-        return s[1], (s[0], 1)
-    return (s[0] if s else 1), (1, 1)
-
-
 def _block_layers(block: dict, ch: int, h: int, w: int, tokens: int, classes: int, segment: int,
                   prefix: str) -> tuple[list[LayerSpec], int, int, int, int]:
     """The layers of one plan block, and the size of what follows it: channels, (h, w) of
@@ -295,7 +244,7 @@ def _block_layers(block: dict, ch: int, h: int, w: int, tokens: int, classes: in
     kind, bits = block["type"], block["bits"]
 
     def add(op, in_shape, out_shape, b=bits, role="backbone", name="", **kw):
-        (ci, in_hw), (co, out_hw) = _chw(in_shape), _chw(out_shape)
+        (ci, in_hw), (co, out_hw) = chw(in_shape), chw(out_shape)
         layers.append(LayerSpec(op, ci, co, in_hw, out_hw, w_bits=kw.pop("w_bits", b), a_bits=kw.pop("a_bits", b),
                                 segment=segment, role=role, name=f"{prefix}.{name}", **kw))
 

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from pymoo.indicators.hv import HV
 
+from nasctl import testing
 from nasctl.errors import UsageError
-from nasctl.spaces.base import SearchSpace, Variable, arch_key
+from nasctl.spaces.base import arch_key
 from nasctl.spaces.loader import load_space
 from nasctl.strategies import STRATEGIES
+from nasctl.testing import NineSpace, toy_objectives
 
 ALL = STRATEGIES.names()
 LEARNING = [n for n in ALL if n != "random"]  # random search is the baseline: it does not learn
@@ -29,33 +31,15 @@ def window(name):
     return min(20, budget(name) // 3)
 
 
-def toy_objectives(space, arch):
-    """Two conflicting objectives over the knob indices (minimise both)."""
-    idx = space.to_indices(arch).astype(float)
-    return np.array([idx.sum(), -(idx[: len(idx) // 2] ** 2).sum()])
-
-
 def small(space, arch):
     """A constraint: few knobs away from their first choice (feasible where <= 0)."""
     return np.count_nonzero(space.to_indices(arch)) - len(space.variables()) // 2
 
 
 def drive(name, space, seed, n_total, constraint=None, max_ask=None, pool=False):
-    """Run a strategy as the engine does: ask for what the budget has left (or at most
-    `max_ask`), evaluate, tell; returns every proposal and each ask's size."""
-    strategy = STRATEGIES.get(name)()
-    strategy.setup(space, 2, 0 if constraint is None else 1, seed=seed, budget=n_total, pool=pool)
-    proposed, sizes = [], []
-    while len(proposed) < n_total:
-        asked = min(n_total - len(proposed), max_ask or n_total)
-        archs = strategy.ask(asked)
-        assert 0 < len(archs) <= asked
-        sizes.append(len(archs))
-        proposed += archs
-        F = np.array([toy_objectives(space, a) for a in archs])
-        G = np.array([[constraint(space, a)] for a in archs]) if constraint else np.zeros((len(archs), 0))
-        strategy.tell(archs, F, G)
-    return proposed, sizes
+    """`nasctl.testing.drive` of the strategy registered as `name`."""
+    return testing.drive(STRATEGIES.get(name), space, seed, n_total, max_ask=max_ask, pool=pool,
+                         constraint=constraint)
 
 
 @pytest.fixture(scope="module", params=SPACES)
@@ -98,24 +82,9 @@ def test_bayesian_samplers_propose_one_at_a_time_or_a_pool_to_screen(name):
     assert drive(name, space, 0, 24, max_ask=8, pool=True)[0] == proposed
 
 
-class Tiny(SearchSpace):
-    """Nine architectures: two knobs of three choices."""
-
-    name = "tiny"
-
-    def variables(self):
-        return (Variable("a", (1, 2, 3)), Variable("b", ("x", "y", "z")))
-
-    def to_layers(self, arch, input_shape, classes):
-        raise NotImplementedError
-
-    def build(self, arch, input_shape, classes):
-        raise NotImplementedError
-
-
 @pytest.mark.parametrize("name", ALL)
 def test_stops_when_every_architecture_was_proposed(name):
-    space = Tiny()
+    space = NineSpace()
     strategy = STRATEGIES.get(name)()
     strategy.setup(space, 2, 0, seed=0, budget=20)
     proposed = []
