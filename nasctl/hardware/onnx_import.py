@@ -1273,6 +1273,8 @@ def _float_in_runtime(path: Path) -> Optional[set[tuple[str, str]]]:
             so.log_severity_level = 4  # fatal only: a model it cannot load is handled below
             so.intra_op_num_threads = so.inter_op_num_threads = 1  # no thread pools to start
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+            # the optimized graph is all that is read: no kernel needs its weights packed
+            so.add_session_config_entry("session.disable_prepacking", "1")
             so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
             ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
             optimized = _read_model(Path(so.optimized_model_filepath))
