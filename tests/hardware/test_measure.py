@@ -198,12 +198,12 @@ def test_energy_is_recorded_where_the_machine_has_counters(monkeypatch, tmp_path
     """A fake RAPL counter that rises at 2 W: each kernel's energy is its time x 2 W."""
     import time
 
-    from nasctl.hardware.measure import attribution, timing
+    from nasctl.hardware.measure import runner
 
     counter = tmp_path / "energy_uj"
     counter.write_text("0")
-    monkeypatch.setattr(attribution, "energy_counters", lambda: [counter])
-    monkeypatch.setattr(timing, "read_energy_uj", lambda: time.perf_counter() * 2e6)
+    monkeypatch.setattr(runner, "energy_counters", lambda: [counter])
+    monkeypatch.setattr(runner, "read_energy_uj", lambda: time.perf_counter() * 2e6)
     fitted = profile_machine("cpu-local", Protocol(rounds=2, repeats=1, warmup=1), kernels=20, seed=4)
     assert fitted.spec["models_energy"] is True and "RAPL" in fitted.spec["energy"]
     device = fitted.device()
@@ -213,9 +213,9 @@ def test_energy_is_recorded_where_the_machine_has_counters(monkeypatch, tmp_path
 
 
 def test_no_counters_means_latency_only(monkeypatch):
-    from nasctl.hardware.measure import attribution
+    from nasctl.hardware.measure import runner
 
-    monkeypatch.setattr(attribution, "energy_counters", lambda: [])
+    monkeypatch.setattr(runner, "energy_counters", lambda: [])
     fitted = profile_machine("cpu-local", Protocol(rounds=2, repeats=1, warmup=1), kernels=20, seed=5)
     assert fitted.spec["models_energy"] is False and fitted.spec["energy"].startswith("latency only")
     assert not fitted.device().models_energy

@@ -16,11 +16,14 @@ The profiler's clock is the wall clock: on a busy machine a kernel longer than t
 time slice is profiled with time other processes got.  So kernels that profile longer
 than 0.5 ms are cut out of their network and timed again alone, with the thread clock,
 less the run overhead and the layout reorders around them.
+
+The measuring itself (profiling, timing, the long kernels alone, chunks) is `runner`'s,
+the module a profiling bundle (`nasctl hw bundle`) carries to its target; this module
+gives what it measured to the layers.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -28,8 +31,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..layers import LayerSpec
-from .context import TAG
-from .timing import Protocol, energy_counters, energy_per_run_mj, interleaved_min, make_session, random_feed
+from . import runner
+from .runner import Network, NetworkTimes, Protocol
 
 
 @dataclass
@@ -68,84 +71,30 @@ class MeasuredNetwork:
                    {int(j): tuple(v) for j, v in d.get("alone", {}).items()}, d.get("energy_mj"))
 
 
-def _node_times(profile_file: str) -> list[tuple[str, float]]:
-    """(node name, minimum kernel time in ms over the profiled runs), in execution order."""
-    with open(profile_file, encoding="utf-8") as f:
-        events = json.load(f)
-    best: dict[str, float] = {}
-    for e in events:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            name = e["name"][: -len("_kernel_time")]
-            best[name] = min(best.get(name, np.inf), e["dur"] / 1e3)
-    return list(best.items())
-
-
 def attribute(nodes: list[tuple[str, float]], layers: Sequence[LayerSpec]) -> tuple[list[float], list[float]]:
-    """Each layer's share of the profiled node times, and of the nodes.
-
-    A node whose name carries a kernel tag counts for that kernel.  An untagged node
-    (one onnxruntime made) stands in for the kernels it replaced - the tagged kernels
-    between its tagged neighbours that ran no node of their own (e.g. an add and a layer
-    norm fused into one SkipLayerNormalization) - or, if there are none, counts for the
-    kernel before it (layout reorders and reshapes around a kernel).  A kernel's time
-    goes to its layer; a kernel without a layer (a reshape) passes its time to the layer
-    before it."""
-    tags = [int(m.group(1)) if (m := TAG.search(name)) else None for name, _ in nodes]
-    seen = {t for t in tags if t is not None}
-    per_tag: dict[int, list[float]] = {}
-
-    def add(tag: int, ms: float, share: float) -> None:
-        acc = per_tag.setdefault(tag, [0.0, 0.0])
-        acc[0] += ms * share
-        acc[1] += share
-
-    for i, ((_, ms), tag) in enumerate(zip(nodes, tags)):
-        if tag is None:
-            before = next((t for t in reversed(tags[:i]) if t is not None), None)
-            after = next((t for t in tags[i + 1:] if t is not None), None)
-            lo, hi = (before or 0), (after if after is not None else max(seen, default=0) + 1)
-            replaced = [t for t in range(min(lo, hi) + 1, max(lo, hi)) if t not in seen]
-            if replaced:
-                for t in replaced:
-                    add(t, ms, 1 / len(replaced))
-                continue
-            tag = before if before is not None else after
-            if tag is None:
-                continue
-        add(tag, ms, 1.0)
-    layer_tags = [int(m.group(1)) if (m := TAG.search(layer.name)) else None for layer in layers]
-    times, counts = [0.0] * len(layers), [0.0] * len(layers)
-    owners = sorted((t, i) for i, t in enumerate(layer_tags) if t is not None)
-    for tag, (ms, n) in per_tag.items():
-        mine = [i for t, i in owners if t == tag]
-        if not mine:  # no layer of its own: the nearest layer before it
-            earlier = [i for t, i in owners if t < tag]
-            mine = [earlier[-1]] if earlier else ([owners[0][1]] if owners else [])
-        for i in mine:
-            times[i] += ms / len(mine)
-            counts[i] += n / len(mine)
-    return times, counts
+    """Each layer's share of the profiled node times, and of the nodes (`runner.attribute`,
+    by the kernel tags the layers' names carry)."""
+    return runner.attribute(nodes, layer_tags(layers))
 
 
-def _time_together(paths: Sequence[Path], protocol: Protocol, workdir: Path, rng: np.random.Generator,
-                   on_round: Optional[Callable[[], None]] = None, energy: bool = False):
-    """Profile and time models together: each one's node times (profiled sessions) and
-    end-to-end time (plain sessions), both by the interleaved protocol; with `energy`,
-    also each one's energy per run (mJ) from the RAPL counters, else None."""
-    feeds, runs, sessions = [], [], []
-    for i, path in enumerate(paths):
-        sess = make_session(path, protocol.threads, str(workdir / f"{Path(path).stem}-prof{i}"))
-        feeds.append(random_feed(sess, rng))
-        sessions.append(sess)
-        runs.append(lambda s=sess, f=feeds[-1]: s.run(None, f))
-    interleaved_min(runs, protocol, on_round)
-    nodes = [_node_times(s.end_profiling()) for s in sessions]
-    del sessions[:], runs[:]  # free the profiled sessions before opening the plain ones
-    for path, feed in zip(paths, feeds):
-        sess = make_session(path, protocol.threads)
-        runs.append(lambda s=sess, f=feed: s.run(None, f))
-    latency = interleaved_min(runs, protocol, on_round)
-    return nodes, latency, ([energy_per_run_mj(run) for run in runs] if energy else None)
+def layer_tags(layers: Sequence[LayerSpec]) -> list[Optional[int]]:
+    return [runner.tag_of(layer.name) for layer in layers]
+
+
+def measured_network(description: str, layers: list[LayerSpec], times: NetworkTimes,
+                     long_kernel_ms: float = 0.5) -> MeasuredNetwork:
+    """A network's layers with their shares of what was measured of it (`times`): the
+    profiled node times attributed to them, and the long kernels' times alone."""
+    tags = layer_tags(layers)
+    layer_ms, layer_nodes = runner.attribute(times.nodes, tags)
+    alone = {j: times.alone[tag] for tag, js in runner.long_kernels(layer_ms, tags, floats(layers),
+                                                                      long_kernel_ms).items()
+             if tag in times.alone for j in js}
+    return MeasuredNetwork(description, layers, layer_ms, layer_nodes, times.latency_ms, alone, times.energy_mj)
+
+
+def floats(layers: Sequence[LayerSpec]) -> list[bool]:
+    return [layer.w_bits == 32 for layer in layers]
 
 
 def _kernel_alone(model, tag: str):
@@ -163,47 +112,43 @@ def _kernel_alone(model, tag: str):
     return utils.Extractor(model).extract_model(inputs, outputs)
 
 
+def prepare_networks(networks: Sequence[tuple[object, str]], folder: Path) -> tuple[list[Network], list[list[LayerSpec]]]:
+    """Context networks (onnx models with descriptions) written to `folder` to be measured,
+    and their layers as the ONNX importer reads them; a kernel to be timed alone is cut
+    out of its network when the runner asks for it."""
+    from ..onnx_import import import_onnx
+
+    folder.mkdir(parents=True, exist_ok=True)
+    prepared, imported = [], []
+    for i, (model, _) in enumerate(networks):
+        path = folder / f"net{i}.onnx"
+        path.write_bytes(model.SerializeToString())
+        layers = import_onnx(path).layers
+
+        def alone(tag: int, model=model, stem=path.stem) -> Path:
+            kernel = folder / f"{stem}-{tag}.onnx"
+            kernel.write_bytes(_kernel_alone(model, f"k{tag}:").SerializeToString())
+            return kernel
+
+        prepared.append(Network(path, layer_tags(layers), floats(layers), alone))
+        imported.append(layers)
+    return prepared, imported
+
+
 def measure_networks(networks: Sequence[tuple[object, str]], protocol: Protocol, workdir: Path, seed: int = 0,
                      on_round: Optional[Callable[[], None]] = None, long_kernel_ms: float = 0.5) -> list[MeasuredNetwork]:
-    """Profile and time a batch of context networks (onnx models with descriptions).
+    """Profile and time a batch of context networks (onnx models with descriptions)
+    together (`runner.measure_chunk`).
 
     Float kernels that profile longer than `long_kernel_ms` are timed again alone with the
     thread clock, for on a busy machine their profiled wall-clock times include time
     slices other processes got (see `in_context_costs`).  Quantized kernels keep their
     profiled times: cut out of their network, onnxruntime no longer fuses their
     quantization into an integer kernel."""
-    from ..onnx_import import import_onnx
-
-    rng = np.random.default_rng(seed)
-    paths, imported = [], []
-    for i, (model, _) in enumerate(networks):
-        path = workdir / f"net{i}.onnx"
-        path.write_bytes(model.SerializeToString())
-        paths.append(path)
-        imported.append(import_onnx(path).layers)
-    nodes, latency, energy = _time_together(paths, protocol, workdir, rng, on_round, bool(energy_counters()))
-    measured = [MeasuredNetwork(desc, layers, *attribute(n, layers), float(ms))
-                for (_, desc), layers, n, ms in zip(networks, imported, nodes, latency)]
-    for m, mj in zip(measured, energy or []):
-        m.energy_mj = mj
-    todo, alone = [], []
-    for i, m in enumerate(measured):
-        for j, (layer, ms) in enumerate(zip(m.layers, m.layer_ms)):
-            tag = TAG.search(layer.name)
-            if ms > long_kernel_ms and tag is not None and layer.w_bits == 32:
-                path = workdir / f"net{i}-{tag.group(1)}.onnx"
-                path.write_bytes(_kernel_alone(networks[i][0], tag.group(0)).SerializeToString())
-                todo.append((i, j))
-                alone.append(path)
-    if alone:
-        nodes, latency, _ = _time_together(alone, protocol, workdir, rng, on_round)
-        for (i, j), kernel_nodes, ms in zip(todo, nodes, latency):
-            # What the runtime runs before the kernel (a layout reorder of its input) belongs
-            # to the kernel before it in a network; what runs after counts for the kernel.
-            first = next((k for k, (name, _) in enumerate(kernel_nodes) if TAG.search(name)), 0)
-            before = [t for _, t in kernel_nodes[:first]]
-            measured[i].alone[j] = (float(ms), float(sum(before)), len(before))
-    return measured
+    prepared, imported = prepare_networks(networks, Path(workdir))
+    times = runner.measure_chunk(prepared, protocol, workdir, seed, on_round, long_kernel_ms)
+    return [measured_network(desc, layers, t, long_kernel_ms)
+            for (_, desc), layers, t in zip(networks, imported, times)]
 
 
 FLOOR_MS = 1e-4  # the least in-context cost a kernel is given (0.1 µs)

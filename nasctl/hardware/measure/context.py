@@ -21,15 +21,15 @@ onnxruntime's profile can be attributed back to kernels (`attribution`).
 
 from __future__ import annotations
 
-import re
 import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
+from .runner import TAG
+
 OPSET = 20
-TAG = re.compile(r"k(\d+):")
 
 
 class NetBuilder:

@@ -12,8 +12,6 @@ by `nasctl.hardware.fit.write_device`.
 
 from __future__ import annotations
 
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -21,22 +19,16 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from .attribution import FLOOR_MS, MeasuredNetwork, in_context_costs, measure_networks
+from .attribution import FLOOR_MS, MeasuredNetwork, in_context_costs, measured_network, prepare_networks
 from .context import OPSET, TAG, random_network
-from .timing import Protocol, measure_models
+from .runner import Protocol, measure_chunks
+from .timing import measure_models
 
 
 def machine() -> dict:
-    import onnxruntime as ort
+    from .runner import machine as described
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "system": platform.system(), "python": platform.python_version(),
-            "onnxruntime": ort.__version__, "onnx_opset": OPSET}
+    return described(OPSET)
 
 
 def _slower_by(m: MeasuredNetwork, factor: float) -> MeasuredNetwork:
@@ -52,6 +44,22 @@ def reference_networks(n: int = 3) -> list:
     return [random_network(np.random.default_rng(10_000 + k), max_macs=5e6) for k in range(n)]
 
 
+def context_networks(kernels: int, seed: int = 0) -> list:
+    """Random context networks (onnx models with descriptions) until they hold `kernels`
+    kernels: the same for the same seed, in `hw profile` and in `hw bundle`."""
+    rng = np.random.default_rng(seed)
+    networks, count = [], 0
+    while count < kernels:
+        networks.append(random_network(rng))
+        count += len({m.group(1) for n in networks[-1][0].graph.node if (m := TAG.search(n.name))})
+    return networks
+
+
+def chunk_seeds(networks: int, chunk: int, seed: int) -> list[tuple[int, range]]:
+    """The chunks networks are measured in: each chunk's seed (of its inputs) and networks."""
+    return [(seed + first, range(first, min(first + chunk, networks))) for first in range(0, networks, chunk)]
+
+
 def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: int = 0, chunk: int = 80,
                     references: int = 3, on_progress: Optional[Callable[[int, int, str], None]] = None):
     """Build context networks until they hold `kernels` kernels, measure them `chunk` at a
@@ -60,15 +68,11 @@ def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: i
 
     The same few small reference networks are measured in every chunk (`fit_profile`
     scales each chunk to the median chunk by them)."""
-    rng = np.random.default_rng(seed)
     start = time.perf_counter()
-    networks, count = [], 0
-    while count < kernels:
-        networks.append(random_network(rng))
-        count += len({m.group(1) for n in networks[-1][0].graph.node if (m := TAG.search(n.name))})
+    networks = context_networks(kernels, seed)
     refs = reference_networks(references)
-    chunks = -(-len(networks) // chunk)
-    total = 3 * protocol.rounds * chunks  # per chunk: profiled rounds, end-to-end rounds, long kernels alone
+    chunks = chunk_seeds(len(networks), chunk, seed)
+    total = 3 * protocol.rounds * len(chunks)  # per chunk: profiled rounds, end-to-end rounds, long kernels alone
     ticks = iter(range(1, 10 ** 9))
 
     def tick():
@@ -77,17 +81,21 @@ def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: i
 
     if on_progress is not None:
         on_progress(0, total, f"building {len(networks)} networks")
-    parts, ref_ms = [], []
+    measured, chunk_of, ref_ms = [], [], []
     with tempfile.TemporaryDirectory(prefix="nasctl-profile-") as tmp:
-        for first in range(0, len(networks), chunk):  # chunks bound the memory of open sessions
-            folder = Path(tmp) / f"chunk{first}"
-            folder.mkdir()
-            part = measure_networks([*networks[first:first + chunk], *refs], protocol, folder, seed=seed + first,
-                                    on_round=tick)
-            parts.append(part[:len(part) - len(refs)])
-            ref_ms.append([m.latency_ms for m in part[len(part) - len(refs):]])
-    measured = [m for part in parts for m in part]
-    chunk_of = [k for k, part in enumerate(parts) for _ in part]
+        ref_nets, _ = prepare_networks(refs, Path(tmp) / "refs")
+        layers: list = []
+
+        def todo():
+            for k, (chunk_seed, members) in enumerate(chunks):
+                prepared, imported = prepare_networks([networks[i] for i in members], Path(tmp) / f"nets{k}")
+                layers.append(imported)
+                yield chunk_seed, prepared
+
+        for k, (times, ref_times) in enumerate(measure_chunks(todo(), ref_nets, protocol, Path(tmp), tick)):
+            measured += [measured_network(networks[i][1], ls, t) for i, ls, t in zip(chunks[k][1], layers[k], times)]
+            chunk_of += [k] * len(times)
+            ref_ms.append([t.latency_ms for t in ref_times])
     measurement = {**protocol.describe(), "seed": seed, "references": references,
                    "machine": machine(), "measuring_seconds": round(time.perf_counter() - start, 1)}
     if on_progress is not None:
@@ -140,8 +148,10 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
               if all(m.energy_mj is not None for m in measured)
               else "latency only: this machine exposes no readable energy counters (RAPL)")
     threads = measurement.get("threads", 1)
-    fitted = fit_from_lut(name, rows, description=f"onnxruntime CPU on this machine, {threads} thread(s), "
-                                                  f"measured by `nasctl hw profile`",
+    where, by = "this machine", "`nasctl hw profile`"
+    if "bundle" in measurement:  # measured on a target by a bundle's runner (`nasctl hw bundle`)
+        where, by = measurement.get("machine", {}).get("cpu") or "the target", "a `nasctl hw bundle` runner"
+    fitted = fit_from_lut(name, rows, description=f"onnxruntime CPU on {where}, {threads} thread(s), measured by {by}",
                           extra={"measurement": measurement, "energy": energy,
                                  "overhead": {"per_model_ms": norm["run_overhead_ms"], "per_layer_ms": 0.0}})
     device = fitted.device()
