@@ -121,7 +121,9 @@ def profile(
     "--models FILE: end-to-end latencies, a CSV with latency_ms and either arch (an architecture of --space as "
     "JSON, or an NB201 string for nb201) or onnx (a model path, relative to the CSV). Per-kernel costs are "
     "solved by non-negative least squares over the kernels each model contains, plus a per-model overhead.\n\n"
-    "Both: the table is calibrated against the end-to-end latencies."))
+    "Both: the table is calibrated against the end-to-end latencies.\n\n"
+    "--bundle-results FILE: the results CSV a profiling bundle's runner wrote on the target (`nasctl hw bundle`), "
+    "beside the bundle's bundle.json: the device is fitted as `hw profile` fits its own measurements."))
 def fit(
     device: Annotated[str, typer.Option(help="Name of the device to write.", show_default=False)],
     lut: Annotated[Optional[Path], typer.Option(help="Per-kernel table (CSV).", show_default=False)] = None,
@@ -136,22 +138,31 @@ def fit(
     grouping: Annotated[Optional[str], typer.Option(
         help="Kernel grouping for --models: kernels, types or types-shared (default: the best by cross-validation).",
         show_default=False)] = None,
+    bundle_results: Annotated[Optional[Path], typer.Option(
+        help="Results CSV of a profiling bundle's runner (alone).", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ):
     from ..hardware.fit import fit_from_lut, fit_from_models, read_models_csv, write_device
     from ..hardware.lut import read_lut
     from ..spaces.loader import load_space
 
-    if lut is None and models is None:
-        raise UsageError("give --lut FILE (a per-kernel table), --models FILE (end-to-end latencies), or both")
+    if lut is None and models is None and bundle_results is None:
+        raise UsageError("give --lut FILE (a per-kernel table), --models FILE (end-to-end latencies), or both; "
+                         "or --bundle-results FILE")
+    if bundle_results is not None and (lut is not None or models is not None):
+        raise UsageError("--bundle-results FILE goes alone, not with --lut or --models")
     folder = workspace.new_entry("hardware", device, "device")
     measured = None
-    if models is not None:
+    if bundle_results is not None:
+        from ..hardware.measure.bundle import fit_bundle_results
+
+        fitted = fit_bundle_results(device, bundle_results)
+    elif models is not None:
         measured = read_models_csv(models, load_space(space) if space else None,
                                    _parse_shape(input_shape) if input_shape else None, classes)
     if lut is not None:
         fitted = fit_from_lut(device, read_lut(lut), measured)
-    else:
+    elif bundle_results is None:
         fitted = fit_from_models(device, *measured, grouping=grouping)
     spec_path = write_device(folder, fitted)
     doc = {"device": device, "spec": str(spec_path), "kernels": len(fitted.rows),
@@ -164,6 +175,10 @@ def fit(
                   f"cross-validated RMS error by grouping: {f['cv_rms_error_pct_by_grouping'] or 'n/a'}).")
     else:
         out.print(f"Read {len(fitted.rows)} distinct kernels.")
+    if bundle_results is not None:
+        r, where = fitted.report, fitted.spec["measurement"]["machine"].get("cpu")
+        out.print(f"Measured on {where}: {r['networks']} context networks, reproduced with an RMS error of "
+                  f"{r['networks_rms_error_pct']:.1f}% ({r['networks_within_10pct'] * 100:.0f}% within ±10%).")
     if "calibration" in f:
         out.print(f"Calibrated against {f['calibration']['models']} models: RMS error "
                   f"{f['calibration']['rms_error_pct']:.1f}%.")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import deploy, hw, hw_lut, predict, predictor, report, runs, search, space  # noqa: F401 - hw_lut adds `hw lut`
+from . import deploy, hw, hw_bundle, hw_lut, predict, predictor, report, runs, search, space  # noqa: F401 - hw_* add hw commands
 from .base import new_app
 
 app = new_app()
