@@ -1,0 +1,239 @@
+"""Profiling bundles: `hw bundle` writes the context networks and the runner; the runner
+measures them with only numpy and onnxruntime importable; `hw fit --bundle-results`
+builds the device, and refuses results that do not belong to the bundle beside them."""
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from nasctl.cli import app
+from nasctl.hardware.measure.bundle import read_results, write_bundle
+from nasctl.hardware.measure.runner import BUNDLE_FILE, RESULTS_COLUMNS
+
+KERNELS, SEED = 30, 3
+
+# Runs a script with nasctl, torch, onnx and the rest of nasctl's environment unimportable:
+# what a target machine holding only numpy and onnxruntime offers.
+ISOLATED = """
+import runpy, sys
+BLOCKED = {"nasctl", "torch", "onnx", "scipy", "sklearn", "typer", "rich", "yaml", "pandas", "optuna", "pymoo"}
+assert not [m for m in sys.modules if m.split(".")[0] in BLOCKED], "imported at start-up"
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is not installed on the target")
+        return None
+sys.meta_path.insert(0, Blocker())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def run_isolated(script, *args, cwd):
+    return subprocess.run([sys.executable, "-I", "-c", ISOLATED, str(script), *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """A tiny bundle, measured by its runner in the isolated interpreter: (folder, runner's stderr)."""
+    folder = tmp_path_factory.mktemp("target") / "bundle"
+    write_bundle(folder, kernels=KERNELS, seed=SEED)
+    done = run_isolated(folder / "runner.py", "--rounds", 2, "--repeats", 1, cwd=folder.parent)
+    assert done.returncode == 0, done.stderr
+    return folder, done.stderr
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def one_line(result, text, code=2):
+    assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and text in lines[0], result.stderr
+
+
+def rows(path):
+    with open(path, newline="") as f:
+        return list(csv.reader(f))
+
+
+def write_rows(path, table, recount=True):
+    """Write CSV rows, with the end row counting them again (an edit the runner's count
+    alone would not catch)."""
+    if recount:
+        table = [*table[:-1], ["end", "", "", "", str(len(table) - 2), ""]]
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows(table)
+    return path
+
+
+def test_the_runner_measures_without_nasctl_and_the_results_make_a_device(measured, tmp_path):
+    folder, stderr = measured
+    results = folder / "results.csv"
+    table = rows(results)
+    assert tuple(table[0]) == RESULTS_COLUMNS and table[-1][0] == "end"
+    meta = {r[3]: r[4] for r in table if r[0] == "meta"}
+    doc = json.loads((folder / BUNDLE_FILE).read_text())
+    assert meta["bundle_id"] == doc["id"] and meta["threads"] == "1" and meta["rounds"] == "2"
+    assert meta["machine.onnxruntime"] and meta["clock"] == "thread_cpu"
+    names = {r[2] for r in table if r[0] == "latency"}
+    assert names == {f"net{i:04d}.onnx" for i in range(len(doc["networks"]))} | {"ref0.onnx", "ref1.onnx", "ref2.onnx"}
+    assert any(r[0] == "node" for r in table) and any(r[0] == "alone" for r in table)
+    # the progress line: rounds counted, each chunk reported, the file named
+    assert "runner: 0/6 rounds" in stderr and "6/6 rounds, 1/1 chunks measured" in stderr
+    assert f"wrote {results}" in stderr
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = invoke("--workspace", ws, "hw", "fit", "--device", "target", "--bundle-results", results, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["kernels"] > 0
+    shown = json.loads(invoke("--workspace", ws, "hw", "show", "target", "--json").stdout)
+    assert shown["kind"] == "lut" and "bundle" in shown["description"]
+    assert shown["measurement"]["bundle"]["id"] == doc["id"] and shown["measurement"]["rounds"] == 2
+    from nasctl.hardware.loader import load_device
+    from nasctl.hardware.measure.bundle import fit_bundle_results
+
+    device = load_device(str(ws / "hardware" / "target" / "spec.yaml"))
+    networks, *_ = read_results(results)
+    assert all(device.estimate(m.layers).latency_ms > 0 for m in networks)
+    # fitted again without measuring, to the same device (the networks travel with it)
+    from nasctl.hardware.measure.profile import refit_profile
+
+    assert refit_profile("target", ws / "hardware" / "target").rows == fit_bundle_results("target", results).rows
+
+
+def test_the_bundle_holds_the_networks_hw_profile_measures_in_its_chunks(measured):
+    from nasctl.hardware.onnx_import import import_onnx
+    from nasctl.hardware.measure.profile import chunk_seeds, context_networks
+
+    folder, _ = measured
+    networks, measurement, chunk_of, reference_ms = read_results(folder / "results.csv")
+    ours = context_networks(KERNELS, SEED)
+    assert [m.description for m in networks] == [d for _, d in ours]
+    path = folder.parent / "inline.onnx"
+    path.write_bytes(ours[-1][0].SerializeToString())
+    assert networks[-1].layers == import_onnx(path).layers
+    assert chunk_of == [k for k, (_, members) in enumerate(chunk_seeds(len(ours), 80, SEED)) for _ in members]
+    assert len(reference_ms) == 1 and len(reference_ms[0]) == 3 and measurement["seed"] == SEED
+    # the same seed writes the same bundle
+    again = write_bundle(folder.parent / "again", kernels=KERNELS, seed=SEED)
+    assert again["id"] == json.loads((folder / BUNDLE_FILE).read_text())["id"]
+
+
+def edited(folder, tmp_path, edit):
+    """A copy of the bundle's description with its results CSV edited by `edit(rows)`."""
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(folder / BUNDLE_FILE, copy / BUNDLE_FILE)
+    table = edit(rows(folder / "results.csv"))
+    return write_rows(copy / "results.csv", table, recount=table is not None and table[-1][0] == "end")
+
+
+def without(predicate):
+    return lambda table: [r for r in table if not predicate(r)]
+
+
+def meta_set(key, value):
+    return lambda table: [r[:4] + [value] + r[5:] if r[0] == "meta" and r[3] == key else r for r in table]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (without(lambda r: r[2] == "net0001.onnx"), "net0001.onnx (chunk 0) is missing"),
+    (without(lambda r: r[0] == "node" and r[2] == "net0000.onnx" and r[3].startswith("k2:")), "node times"),
+    (without(lambda r: r[0] == "latency" and r[2] == "ref1.onnx"), "unexpected 'node' row for ref1.onnx"),
+    (without(lambda r: r[0] == "alone"), "timed alone, is missing"),
+    (meta_set("results_format", "2"), "results format '2'"),
+    (meta_set("bundle_format", "0"), "(format 0)"),
+    (meta_set("bundle_id", "0123456789abcdef"), "results of bundle '0123456789abcdef'"),
+    (meta_set("runner_sha256", "0" * 64), "runner.py other than"),
+    (lambda table: [r if r[0] != "node" else r[:4] + ["fast"] + r[5:] for r in table], "'fast' is not a time"),
+])
+def test_results_that_do_not_match_the_bundle_are_one_line(measured, tmp_path, edit, message):
+    folder, _ = measured
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    one_line(invoke("--workspace", ws, "hw", "fit", "--device", "t", "--bundle-results",
+                    edited(folder, tmp_path, edit)), message)
+    assert not (ws / "hardware" / "t").exists()
+
+
+def test_bad_results_files_are_one_line(measured, tmp_path):
+    folder, _ = measured
+    ws = tmp_path / "ws"
+    ws.mkdir()
+
+    def fit(path):
+        return invoke("--workspace", ws, "hw", "fit", "--device", "t", "--bundle-results", path)
+
+    garbage = tmp_path / "garbage.csv"
+    garbage.write_bytes(np.random.default_rng(0).bytes(4000))
+    one_line(fit(garbage), "not the results CSV of a bundle's runner")
+    lut = tmp_path / "lut.csv"
+    lut.write_text("op,in_ch,out_ch\nconv,3,8\n")
+    one_line(fit(lut), "not the results CSV of a bundle's runner")
+    cut = edited(folder, tmp_path, lambda table: table[:-20])
+    one_line(fit(cut), "cut short")
+    one_line(fit(tmp_path / "nothing.csv"), "no such file")
+    lonely = tmp_path / "lonely" / "deeper"
+    lonely.mkdir(parents=True)
+    shutil.copy(folder / "results.csv", lonely / "results.csv")
+    one_line(fit(lonely / "results.csv"), "no bundle.json beside it")
+    one_line(invoke("--workspace", ws, "hw", "fit", "--device", "t", "--bundle-results", folder / "results.csv",
+                    "--lut", lut), "--bundle-results FILE goes alone")
+
+
+def test_results_of_another_bundle_or_an_edited_bundle_are_one_line(measured, tmp_path):
+    folder, _ = measured
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    other = tmp_path / "other"
+    write_bundle(other, kernels=20, seed=SEED + 1)
+    shutil.copy(folder / "results.csv", other / "results.csv")
+    one_line(invoke("--workspace", ws, "hw", "fit", "--device", "t", "--bundle-results", other / "results.csv"),
+             "but " + str(other / BUNDLE_FILE) + " is bundle")
+    doc = json.loads((other / BUNDLE_FILE).read_text())
+    doc["networks"][0]["description"] = "edited"
+    (other / BUNDLE_FILE).write_text(json.dumps(doc))
+    one_line(invoke("--workspace", ws, "hw", "fit", "--device", "t", "--bundle-results", other / "results.csv"),
+             "was edited")
+    (other / BUNDLE_FILE).write_text("{not json")
+    one_line(invoke("--workspace", ws, "hw", "fit", "--device", "t", "--bundle-results", other / "results.csv"),
+             "cannot be read")
+
+
+def runner_error(result, text):
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("runner: error:") and text in lines[0], result.stderr
+
+
+def test_the_runner_refuses_an_incomplete_or_changed_bundle_in_one_line(measured, tmp_path):
+    folder, _ = measured
+    copy = tmp_path / "bundle"
+    shutil.copytree(folder, copy)
+    (copy / "results.csv").unlink()
+    doc = json.loads((copy / BUNDLE_FILE).read_text())
+    data = copy / doc["networks"][0]["data"]
+    data.write_bytes(data.read_bytes()[:-8])
+    runner_error(run_isolated(copy / "runner.py", cwd=tmp_path), "has changed since the bundle was written")
+    data.unlink()
+    runner_error(run_isolated(copy / "runner.py", cwd=tmp_path), f"{doc['networks'][0]['data']} is missing")
+    runner_error(run_isolated(copy / "runner.py", "--rounds", 1, cwd=tmp_path), "--rounds 1: must be at least 2")
+    (copy / BUNDLE_FILE).unlink()
+    runner_error(run_isolated(copy / "runner.py", cwd=tmp_path), "bundle.json is missing")
+    assert not (copy / "results.csv").exists()
+
+
+def test_bundle_needs_a_new_folder(tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x.txt").write_text("x")
+    one_line(invoke("hw", "bundle", "--out", tmp_path / "full", "--kernels", 20), "exists and is not an empty folder")
