@@ -1,0 +1,108 @@
+"""`nasctl supernet train|list|show`: weight-sharing supernets."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from .render import err, out, print_json
+
+app = typer.Typer(no_args_is_help=True,
+                  help="Weight-sharing supernets: train one network holding every architecture of a space, "
+                       "then search with --accuracy supernet:NAME.")
+
+
+@app.command("train")
+def train(
+    space: Annotated[str, typer.Option(help="Search space (kind mbv2) name or YAML path.", show_default=False)],
+    dataset: Annotated[str, typer.Option(help="'digits', a CIFAR-10 python-batches folder or an .npz file.")]
+    = "digits",
+    epochs: Annotated[int, typer.Option(min=1, help="Training epochs (each step trains the largest, the smallest "
+                                                   "and --random-subnets sampled sub-networks).")] = 60,
+    name: Annotated[Optional[str], typer.Option(
+        help="Name to save it under (supernets/NAME/ in the workspace). [default: the space's name]",
+        show_default=False)] = None,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of every random choice, and of the dataset split "
+                                                  "(a search using it must split by the same --seed).")] = 0,
+    batch_size: Annotated[int, typer.Option(min=1, help="Mini-batch size.")] = 64,
+    lr: Annotated[float, typer.Option(min=0.0, help="Peak learning rate (AdamW, cosine decay).")] = 5e-3,
+    random_subnets: Annotated[int, typer.Option(min=0, help="Sampled sub-networks per step.")] = 2,
+    distill: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of a smaller sub-network's loss "
+                                                                  "distilled from the largest one.")] = 0.5,
+    warmup_epochs: Annotated[int, typer.Option(min=0, help="First epochs training only the largest "
+                                                           "sub-network.")] = 2,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the unfinished training saved under NAME.")]
+    = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace a supernet saved under NAME.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the card as JSON.")] = False,
+):
+    """Train a supernet of an mbv2-kind space: elastic depth, width, expansion and kernel, every
+    early exit and every searchable bit width; saved with a card and a checkpoint per epoch."""
+    from ..supernet import train_and_save
+    from ..supernet.train import SupernetSettings
+
+    settings = SupernetSettings(epochs=epochs, batch_size=batch_size, lr=lr, random_subnets=random_subnets,
+                                distill=distill, warmup_epochs=warmup_epochs)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn("training supernet"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.description}"), console=err, disable=not err.is_terminal)
+    task = {}
+
+    def start(total: int, done: int) -> None:
+        task["id"] = progress.add_task("", total=total, completed=done)
+        progress.start()
+
+    def epoch(done: int, loss: float) -> None:
+        progress.update(task["id"], completed=done, description=f"loss {loss:.3f}")
+
+    try:
+        folder, card = train_and_save(space, dataset, name or _space_name(space), settings, seed, resume=resume,
+                                      force=force, on_start=start, on_epoch=epoch)
+    finally:
+        progress.stop()
+    if as_json:
+        return print_json({"path": str(folder), **card})
+    out.print(f"supernet '{card['name']}' of space '{card['space']}' trained for {card['epochs_done']} epochs "
+              f"in {card['train_seconds']:.0f} s: {folder}")
+    out.print(f"search with it: nasctl search --space {space} --accuracy supernet:{card['name']} --seed {seed}")
+
+
+def _space_name(space: str) -> str:
+    from pathlib import Path
+
+    p = Path(space)
+    return p.stem if p.suffix in (".yaml", ".yml") else space
+
+
+@app.command("list")
+def list_supernets(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False):
+    """List the saved supernets and where each comes from."""
+    from ..supernet.store import read_card, saved
+
+    rows = []
+    for s in saved():
+        card = read_card(s.path)
+        rows.append({"name": s.name, "space": card["space"], "dataset": card["dataset"].get("name"),
+                     "split_seed": card["dataset"].get("split_seed"), "epochs": card.get("epochs_done"),
+                     "origin": s.origin, "path": str(s.path)})
+    if as_json:
+        return print_json(rows)
+    table = Table("name", "space", "dataset", "split seed", "epochs", "origin", "path")
+    for r in rows:
+        table.add_row(*(str(r[k]) for k in ("name", "space", "dataset", "split_seed", "epochs", "origin", "path")))
+    out.print(table)
+
+
+@app.command("show")
+def show(name: Annotated[str, typer.Argument(help="Supernet name or folder.")],
+         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False):
+    """Show a supernet's card: space and its hash, dataset and split, settings, epochs, versions."""
+    from ..supernet.store import find, read_card
+
+    card = read_card(find(name))
+    if as_json:
+        return print_json(card)
+    out.print_json(data=card)
