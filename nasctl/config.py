@@ -56,6 +56,7 @@ class SearchConfig(BaseModel):
     budget: int = Field(default=40, ge=1)
     epochs: int = Field(default=5, ge=1)
     repeats: int = Field(default=1, ge=1)  # trainings per candidate (other seeds): its outcome is their mean
+    finetune_epochs: int = Field(default=0, ge=0)  # with accuracy supernet:NAME, epochs each candidate fine-tunes
     batch_size: int = Field(default=64, ge=1)
     lr: float = Field(default=5e-3, gt=0)
     exit_tolerance: float = Field(default=1.0, ge=0)
@@ -94,6 +95,13 @@ class SearchConfig(BaseModel):
         if self.seed + self.workers - 1 >= SEED_LIMIT:  # worker k seeds its strategy with seed + k
             raise ValueError(f"seed: {self.seed} with {self.workers} workers is out of range (worker k takes seed + k); "
                              f"allowed: 0 <= seed <= {SEED_LIMIT - self.workers}")
+        return self
+
+    @model_validator(mode="after")
+    def _finetune_needs_supernet(self) -> "SearchConfig":
+        if self.finetune_epochs and not self.accuracy.startswith("supernet:"):
+            raise ValueError(f"finetune_epochs: {self.finetune_epochs} fine-tunes weights inherited from a "
+                             f"supernet: needs accuracy supernet:NAME, not '{self.accuracy}'")
         return self
 
     @model_validator(mode="after")

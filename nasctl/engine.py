@@ -38,6 +38,8 @@ from .tables import ArchTable, MissingEntry, is_table
 
 # `--accuracy predictor:NAME`: accuracy (and exit rates) from a saved predictor.
 PREDICTOR_PREFIX = "predictor:"
+# `--accuracy supernet:NAME`: each candidate measured with the weights it inherits from a saved supernet.
+SUPERNET_PREFIX = "supernet:"
 # Candidates proposed per real evaluation with --surrogate, unless --screen says.
 DEFAULT_SCREEN = 5
 
@@ -113,7 +115,8 @@ class Evaluator:
                              f"not '{cfg.accuracy}'")
         self.dataset = self.acc_table = self.acc_model = None
         self.keep_in: Path | None = None  # the run folder whose models/ keeps trained networks (see kept_in)
-        if cfg.accuracy == "proxy":
+        self.supernet = None
+        if cfg.accuracy == "proxy" or cfg.accuracy.startswith(SUPERNET_PREFIX):
             from .evaluation.datasets import load_dataset
             from .evaluation.train import TrainSettings, resolve_train_device
 
@@ -127,7 +130,10 @@ class Evaluator:
                                           {e: cfg.exit_rates.get(e, 0.0) for e in self.exits[:-1]},
                                           threads=threads)
             self.input_shape, self.classes = self.dataset.input_shape, self.dataset.classes
-            space.check_fits(self.input_shape, self.classes, min(cfg.batch_size, len(self.dataset.y_train)))
+            if cfg.accuracy == "proxy":
+                space.check_fits(self.input_shape, self.classes, min(cfg.batch_size, len(self.dataset.y_train)))
+            else:
+                self._load_supernet(cfg.accuracy.removeprefix(SUPERNET_PREFIX), space)
         elif is_table(cfg.accuracy):
             self.acc_table = ArchTable(cfg.accuracy, self.net_space)
             self.input_shape, self.classes = self._input()
@@ -136,7 +142,25 @@ class Evaluator:
             self.input_shape, self.classes = self._input()
         else:
             raise UsageError(f"accuracy source '{cfg.accuracy}' is not one of: proxy, table:PATH:COLUMN, "
-                             f"{PREDICTOR_PREFIX}NAME")
+                             f"{PREDICTOR_PREFIX}NAME, {SUPERNET_PREFIX}NAME")
+
+    def _load_supernet(self, name: str, space) -> None:
+        """The supernet `name`, checked against the space and dataset (and the split: it
+        must not have trained on this search's validation or test inputs)."""
+        from .supernet import store
+        from .supernet.score import calibration_inputs
+
+        if self.cfg.co_search:
+            raise UsageError(f"accuracy '{SUPERNET_PREFIX}{name}' cannot be combined with --co-search yet")
+        self.supernet, card = store.load(name, space, self.dataset)
+        split = card["dataset"].get("split_seed")
+        if split != self.cfg.seed:
+            raise UsageError(f"supernet '{name}' was trained on {card['dataset'].get('name')} split by seed "
+                             f"{split}; this search splits it by --seed {self.cfg.seed}, so the supernet has "
+                             f"seen its test inputs: search with --seed {split}, or train a supernet with "
+                             f"--seed {self.cfg.seed}")
+        self.supernet_name = name
+        self.calibration = calibration_inputs(self.dataset, self.cfg.seed)
 
     def _input(self) -> tuple[tuple[int, int, int], int]:
         """Input shape and classes without training: the space's own, or else the dataset's."""
@@ -197,6 +221,8 @@ class Evaluator:
             out["dataset"] = {"name": d.name, "input_shape": list(d.input_shape), "classes": d.classes,
                               "train": len(d.y_train), "val": len(d.y_val), "test": len(d.y_test)}
             out["train_device"] = self.train_device
+        if self.supernet is not None:
+            out["supernet"] = {"name": self.supernet_name, "calibration_samples": len(self.calibration)}
         return out
 
     def __call__(self, arch: dict) -> dict:
@@ -230,6 +256,8 @@ class Evaluator:
             return self.acc_table.lookup(key), [0.0] * (len(self.net_space.active_exits(net)) - 1) + [1.0]
         if self.acc_model is not None:
             return self.acc_model([net])[0]
+        if self.supernet is not None:
+            return self._inherit(net, key)
         from .evaluation.train import evaluate
 
         runs = [evaluate(self.net_space, net, self.dataset, self.settings,
@@ -239,6 +267,20 @@ class Evaluator:
         self._exit_accuracies[key] = np.mean([res.exit_accuracies for res in runs], axis=0).tolist()
         return (float(np.mean([res.accuracy for res in runs])),
                 np.mean([res.exit_rates for res in runs], axis=0).tolist())
+
+    def _inherit(self, net: dict, key: str) -> tuple[float, list[float]]:
+        """Accuracy and exit rates of `net` with the weights it inherits from the supernet
+        (`nasctl.supernet.score`); its network is kept as a trained one is."""
+        from .supernet.score import score
+
+        seed = candidate_seed(self.cfg.seed, key)
+        keep = self._keeper(net, key, seed)
+        result, model = score(self.supernet, net, self.dataset, self.settings, self.calibration,
+                              finetune_epochs=self.cfg.finetune_epochs, seed=seed, extract=keep is not None)
+        if keep is not None:
+            keep(model, result)
+        self._exit_accuracies[key] = result.exit_accuracies
+        return result.accuracy, result.exit_rates
 
     def _keeper(self, net: dict, key: str, seed: int):
         """What saves a trained network in the run's models/ folder (None: nothing kept).
@@ -265,6 +307,8 @@ class Evaluator:
                              "exit_weight": self.settings.exit_weight, "seed": seed,
                              "exit_tolerance": net.get("exit_tolerance", self.settings.exit_tolerance),
                              "exit_rates": self.settings.exit_rates},
+                **({"supernet": {"name": self.supernet_name, "finetune_epochs": cfg.finetune_epochs,
+                                 "calibration_samples": len(self.calibration)}} if self.supernet is not None else {}),
             })
         return keep
 
@@ -426,9 +470,11 @@ WORKER_BYTES = 300 * 2**20
 
 
 def kept_in(cfg: SearchConfig, run_dir: Path) -> Path | None:
-    """The run folder whose models/ keeps the trained networks; None (nothing kept) with
-    --keep-weights none or where accuracy does not come from training."""
-    return None if cfg.keep_weights == "none" or cfg.accuracy != "proxy" else run_dir
+    """The run folder whose models/ keeps the trained networks (or those inheriting a
+    supernet's weights); None (nothing kept) with --keep-weights none or where accuracy
+    does not come from a network."""
+    trains = cfg.accuracy == "proxy" or cfg.accuracy.startswith(SUPERNET_PREFIX)
+    return None if cfg.keep_weights == "none" or not trains else run_dir
 
 
 def _net_key(cfg: SearchConfig, key: str) -> str:

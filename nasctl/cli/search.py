@@ -57,9 +57,14 @@ def search(
         help="Constraint: weights (at their bit widths) in KiB at most this, or 'device' for the device's "
              "on-chip weight memory.")] = None,
     accuracy: Annotated[Optional[str], typer.Option(
-        help="Accuracy source: proxy (train each candidate), table:PATH:COLUMN, or predictor:NAME (a predictor "
-             "saved by `nasctl predictor train`; it also gives exit rates where it predicts exit_rate_* columns). "
+        help="Accuracy source: proxy (train each candidate), table:PATH:COLUMN, predictor:NAME (a predictor "
+             "saved by `nasctl predictor train`; it also gives exit rates where it predicts exit_rate_* columns), "
+             "or supernet:NAME (each candidate inherits its weights from a supernet saved by `nasctl supernet "
+             "train`, batch norm recalibrated, exits calibrated and measured as proxy training does). "
              "[default: proxy]")] = None,
+    finetune_epochs: Annotated[Optional[int], typer.Option(
+        help=f"With --accuracy supernet:NAME: epochs each candidate fine-tunes its inherited weights. "
+             f"{_d('finetune_epochs')}")] = None,
     storage: Annotated[Optional[str], typer.Option(
         help="Optuna storage URL (sqlite:///, postgresql://, mysql://) or journal:PATH. "
              "[default: study.db in the run folder]")] = None,
@@ -117,7 +122,8 @@ def search(
         file_values, source = {**joined, **file_values}, f"study '{study}'"
     cfg = make_config(file_values, source, space=space, device=device, dataset=dataset, accuracy=accuracy,
                       strategy=strategy, objectives=objectives.split(",") if objectives else None,
-                      budget=budget, epochs=epochs, repeats=repeats, batch_size=batch_size, lr=lr, seed=seed,
+                      budget=budget, epochs=epochs, repeats=repeats, finetune_epochs=finetune_epochs,
+                      batch_size=batch_size, lr=lr, seed=seed,
                       train_device=train_device, max_latency_ms=max_latency_ms, max_energy_mj=max_energy_mj,
                       max_params=max_params, max_weight_kib=max_weight_kib, min_accuracy=min_accuracy,
                       accuracy_baseline=accuracy_baseline, max_accuracy_drop=max_accuracy_drop,

@@ -179,8 +179,21 @@ def evaluate(space, arch, dataset: Dataset, settings: TrainSettings, seed: int, 
         # channels-last makes depthwise convolutions train ~1.5x faster on the CPU
         model = model.to(device, memory_format=torch.channels_last)
         start = time.perf_counter()
-        _train(model, dataset, settings, seed, device)
+        train_network(model, dataset, settings, seed, device)
         seconds = time.perf_counter() - start
+    result = measure(model, space, arch, dataset, settings, seconds)
+    if keep is not None:
+        keep(model, result)
+    return result
+
+
+def measure(model: torch.nn.Module, space, arch, dataset: Dataset, settings: TrainSettings,
+            seconds: float = 0.0) -> EvalResult:
+    """A trained network's figures (steps 2 and 3 above): thresholds calibrated on the
+    validation split, the early-exit decisions measured on the test split.  `seconds`:
+    the training time to report."""
+    device = next(model.parameters()).device
+    with _threads(settings.threads):
         val_conf, val_ok = _predict(model, dataset.x_val, dataset.y_val, device, settings.exit_policy)
         test_conf, test_ok = _predict(model, dataset.x_test, dataset.y_test, device, settings.exit_policy)
     if settings.exit_rates is not None:
@@ -198,12 +211,11 @@ def evaluate(space, arch, dataset: Dataset, settings: TrainSettings, seed: int, 
         val_exit_accuracies=(100.0 * val_ok.mean(axis=1)).tolist(),
         train_seconds=seconds,
     )
-    if keep is not None:
-        keep(model, result)
     return result
 
 
-def _train(model: torch.nn.Module, data: Dataset, s: TrainSettings, seed: int, device: torch.device) -> None:
+def train_network(model: torch.nn.Module, data: Dataset, s: TrainSettings, seed: int, device: torch.device) -> None:
+    """Step 1 above: train every exit of `model` jointly on the training split."""
     x = torch.from_numpy(data.x_train).to(device, memory_format=torch.channels_last)
     y = torch.from_numpy(data.y_train).to(device)
     n = len(y)

@@ -1,0 +1,87 @@
+"""Weight-sharing supernets: train one network holding every architecture of a space
+(`nasctl supernet train`), then measure candidates with the weights they inherit
+(`nasctl search --accuracy supernet:NAME`).  torch is imported only where used."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..errors import UsageError
+
+
+def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed: int, *, resume: bool = False,
+                   force: bool = False, on_start: Optional[Callable[[int, int], None]] = None,
+                   on_epoch: Optional[Callable[[int, float], None]] = None) -> tuple[Path, dict]:
+    """Train a supernet of space `space_name` on `dataset_spec` (split by `seed`) and save
+    it as `supernets/NAME/` in the workspace, a checkpoint after every epoch; with
+    `resume`, continue from the folder's checkpoint.  (The folder, its card.)"""
+    import torch
+
+    from .. import workspace
+    from ..evaluation import kept
+    from ..evaluation.datasets import load_dataset
+    from ..spaces.loader import load_space
+    from . import store
+    from .elastic import Supernet, base_space
+    from .train import train_supernet
+
+    folder = workspace.new_entry(store.FOLDER, name, "supernet")
+    space_file = Path(workspace.find("search_spaces", space_name, "search space"))
+    space = load_space(space_file)
+    base_space(space)
+    has_checkpoint = (folder / store.CHECKPOINT_META).is_file()
+    if resume and not has_checkpoint:
+        raise UsageError(f"supernet '{name}' has no checkpoint to resume in {folder}"
+                         + ("" if not (folder / store.CARD).is_file() else " (its training finished)"))
+    if not resume and not force and ((folder / store.CARD).is_file() or has_checkpoint):
+        raise UsageError(f"supernet '{name}' exists in {folder}; give another --name, --resume an unfinished "
+                         "training, or --force to replace it")
+    data = load_dataset(dataset_spec, seed)
+    space.check_fits(data.input_shape, data.classes, min(settings.batch_size, len(data.y_train)))
+    card = {"name": name, "space": space.name, "space_hash": store.spec_hash(space),
+            "space_file": str(space_file), "space_sha256": kept.sha256(space_file),
+            "dataset": {"name": dataset_spec, "split_seed": seed, "train": len(data.y_train)},
+            "input_shape": list(data.input_shape), "classes": data.classes,
+            "normalisation": data.normalisation, "seed": seed, "settings": settings.as_dict()}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = Supernet(space, data.input_shape, data.classes)
+    start, opt_state, spent = 0, None, 0.0
+    if resume:
+        start, opt_state, meta = store.load_checkpoint(folder, net)
+        for key in ("space_hash", "dataset", "seed", "settings"):
+            if meta.get(key) != card[key] and not (key == "settings" and _same_but_epochs(meta[key], card[key])):
+                raise UsageError(f"supernet '{name}': --resume with another {key} than its checkpoint's "
+                                 f"({meta.get(key)}); continue with the same settings, or --force a new one")
+        spent = float(meta.get("train_seconds", 0.0))
+    if on_start:
+        on_start(settings.epochs, start)
+    t0 = time.perf_counter()
+
+    def epoch_done(done: int, loss: float, opt) -> None:
+        store.save_checkpoint(folder, net, opt, done, {**{k: card[k] for k in ("space_hash", "dataset", "seed",
+                                                                                "settings")},
+                                                       "train_seconds": spent + time.perf_counter() - t0})
+        if on_epoch:
+            on_epoch(done, loss)
+
+    train_supernet(net, data, settings, seed, start_epoch=start, optimizer_state=opt_state, on_epoch=epoch_done)
+    card["epochs_done"] = settings.epochs
+    card["train_seconds"] = round(spent + time.perf_counter() - t0, 3)
+    card["versions"] = _versions()
+    store.save(folder, net, card)
+    store.remove_checkpoint(folder)
+    return folder, store.read_card(folder)
+
+
+def _same_but_epochs(a: dict, b: dict) -> bool:
+    """Settings equal but for the epoch count (a resumed training may be given more epochs)."""
+    return {k: v for k, v in (a or {}).items() if k != "epochs"} == {k: v for k, v in b.items() if k != "epochs"}
+
+
+def _versions() -> dict:
+    from ..deploy.export import _versions as versions
+
+    return versions()

@@ -1,0 +1,252 @@
+"""A weight-sharing supernet of a `kind: mbv2` space: one set of weights holding every
+architecture of the space, early exits and bit widths included.
+
+Storage is the space's *full* network, `build_mbv2` of the plan where every stage has
+its largest depth, channels, expansion and kernel, every early exit is on at its largest
+width, at 32 bits.  A sub-network (any architecture of the space) takes from it
+
+  - depth: the first d blocks of each stage;
+  - width, expansion: the first channels of every weight, batch norm and linear layer
+    (the input channels of a stage's first block are the previous stage's width; a block
+    expanded 1x has no expand convolution and its depthwise convolution takes the first
+    `in` channels of the full one);
+  - kernel: the centre k×k of the full depthwise kernel;
+  - exits: the heads of the exits it has on, their first `width` channels;
+  - bit widths: its own fake quantizers at its bits (nasctl.evaluation.quant) over the
+    shared weights; batch-norm statistics and activation ranges are recalibrated for
+    each sub-network at its bits before it is measured (`recalibrate`).
+
+`forward(x, arch)` runs the sub-network's own module (built without memory, on torch's
+meta device) over views of the shared tensors (`torch.func.functional_call`), so
+gradients reach the shared weights, and `extract(arch)` - a plain `build_mbv2` module
+holding copies of the same tensors - computes exactly what `forward(x, arch)` does.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import UsageError
+from ..spaces.mbv2 import Mbv2Space
+from ..spaces.mbv2_torch import build_mbv2
+
+LAYOUT_CACHE = 4096  # architectures whose block layout is kept
+SCRATCH_CACHE = 256  # block modules `network` keeps to assemble networks from
+
+
+def base_space(space) -> Mbv2Space:
+    """The mbv2 space under a pinned one; a one-line error for other kinds."""
+    inner = getattr(space, "inner", space)
+    if not isinstance(inner, Mbv2Space):
+        raise UsageError(f"space '{space.name}' is of a kind supernets do not cover yet; allowed: mbv2")
+    return inner
+
+
+class Supernet(nn.Module):
+    def __init__(self, space, input_shape: tuple[int, int, int], classes: int):
+        super().__init__()
+        self.space = base_space(space)
+        self.input_shape, self.classes = tuple(input_shape), classes
+        self.full_arch = self.largest(bits=32)
+        self.full_plan = self.space.plan(self.full_arch)
+        self.full = build_mbv2(self.full_plan, self.input_shape, classes)
+        # logical position of each full block: ("stem",), ("mbconv", stage, d), ("exit", name), ("head",)
+        self._full_index = {pos: n for n, (_, pos) in enumerate(self._walk(self.full_arch))}
+        self._full_keys = set(self.full.state_dict(keep_vars=True))
+        self._blocks_cache: dict = {}
+        self._layouts: OrderedDict = OrderedDict()
+        self._scratch: OrderedDict = OrderedDict()
+
+    # -- architectures -------------------------------------------------------------------
+    def _choice(self, pick, bits: int | None = None, exits: bool = True) -> dict:
+        arch = {v.name: pick(v.choices) for v in self.space.variables()}
+        for name in arch:
+            if name.startswith("exit_s") and not name.endswith("_width"):
+                arch[name] = int(exits)
+            if bits is not None and (name.endswith("_bits")):
+                arch[name] = bits if bits in dict.fromkeys(self._var(name).choices) else pick(self._var(name).choices)
+        return arch
+
+    def _var(self, name: str):
+        return next(v for v in self.space.variables() if v.name == name)
+
+    def largest(self, bits: int | None = None) -> dict:
+        """Every knob at its largest choice, exits on; bits at `bits` (the space's largest
+        where it offers no such width, the largest choice where None)."""
+        return self._choice(max, bits)
+
+    def smallest(self) -> dict:
+        """Every knob at its smallest choice (bits too), exits on."""
+        return self._choice(min)
+
+    def sample(self, rng: np.random.Generator) -> dict:
+        return self.space.sample(rng)
+
+    # -- weights of a sub-network ----------------------------------------------------------
+    def _walk(self, arch: dict):
+        """(plan block, its logical position) in plan order."""
+        d_in_stage, stage = 0, 0
+        stage_of = []
+        for i, st in enumerate(self.space.spec.stages, 1):
+            stage_of += [i] * arch[f"s{i}_depth"]
+        m = 0
+        for b in self.space.plan(arch):
+            if b["type"] == "mbconv":
+                s = stage_of[m]
+                d_in_stage = d_in_stage + 1 if s == stage else 0
+                stage = s
+                m += 1
+                yield b, ("mbconv", s, d_in_stage)
+            elif b["type"] == "exit":
+                yield b, ("exit", b["name"])
+            else:
+                yield b, (b["type"],)
+
+    def _block_module(self, b: dict) -> nn.Module:
+        """One plan block's module on the meta device (structure only), cached by its shape."""
+        sig = tuple(sorted((k, v) for k, v in b.items() if k != "name"))
+        mod = self._blocks_cache.get(sig)
+        if mod is None:
+            with torch.device("meta"):
+                mod = build_mbv2([b], self.input_shape, self.classes).blocks[0]
+            self._blocks_cache[sig] = mod
+        return mod
+
+    def _layout(self, arch: dict) -> list[tuple[nn.Module, bool, list]]:
+        """Per plan block of `arch`: its module, whether it is a head, and
+        (its state_dict key, the full network's key, shape) per tensor.  Cached."""
+        key = tuple(sorted(arch.items()))
+        layout = self._layouts.get(key)
+        if layout is not None:
+            self._layouts.move_to_end(key)
+            return layout
+        layout = []
+        for b, pos in self._walk(arch):
+            mod = self._block_module(b)
+            m = self._full_index[pos]
+            pairs = []
+            for rest, value in mod.state_dict(keep_vars=True).items():
+                full_rest = rest
+                if (b["type"] == "mbconv" and b["expand"] == 1 and self.full_arch[f"s{pos[1]}_expand"] != 1
+                        and rest.startswith("body.")):
+                    u, tail = rest[len("body."):].split(".", 1)  # no expand unit: body.0 is the full block's body.1
+                    full_rest = f"body.{int(u) + 1}.{tail}"
+                full_key = f"blocks.{m}.{full_rest}"
+                if full_key not in self._full_keys:
+                    raise KeyError(f"{rest} of block {pos} has no counterpart {full_key} in the full network")
+                pairs.append((rest, full_key, value.shape))
+            layout.append((mod, b["type"] in ("exit", "head"), pairs))
+        self._layouts[key] = layout
+        if len(self._layouts) > LAYOUT_CACHE:
+            self._layouts.popitem(last=False)
+        return layout
+
+    def _full_tensors(self) -> dict[str, torch.Tensor]:
+        full = dict(self.full.named_parameters())
+        full.update(self.full.named_buffers())
+        return full
+
+    def tensors(self, arch: dict) -> dict[str, torch.Tensor]:
+        """The sub-network's state_dict (keys as `build_mbv2` names them) as views of the
+        shared tensors: gradients and batch-norm updates reach the shared ones."""
+        full = self._full_tensors()
+        return {f"blocks.{n}.{rest}": _crop(full[fk], shape)
+                for n, (_, _, pairs) in enumerate(self._layout(self.space.validate(arch))) for rest, fk, shape in pairs}
+
+    def forward(self, x: torch.Tensor, arch: dict, tensors: dict | None = None) -> list[torch.Tensor]:
+        """The sub-network `arch`'s outputs (one logits tensor per active exit, final
+        last), computed by its own blocks' modules over `tensors` (default: views of the
+        shared ones; see `tensors`)."""
+        layout = self._layout(self.space.validate(arch))
+        full = self._full_tensors() if tensors is None else None
+        outputs = []
+        for n, (mod, is_head, pairs) in enumerate(layout):
+            if tensors is None:
+                local = {rest: _crop(full[fk], shape) for rest, fk, shape in pairs}
+            else:
+                local = {rest: tensors[f"blocks.{n}.{rest}"] for rest, _, _ in pairs}
+            mod.train(self.training)
+            y = torch.func.functional_call(mod, local, (x,), strict=True)
+            if is_head:
+                outputs.append(y)
+            else:
+                x = y
+        return outputs
+
+    def network(self, arch: dict) -> nn.Module:
+        """A scratch network of `arch`: a `build_mbv2` network (the same modules, the same
+        state_dict keys) holding copies of its shared tensors, assembled from block modules
+        kept between calls (so a call invalidates the network of the previous one where
+        the two share a block).  What `extract` gives, without building modules: for
+        measuring thousands of candidates."""
+        from ..spaces.mbv2_torch import Mbv2Net
+
+        layout = self._layout(self.space.validate(arch))
+        full = self._full_tensors()
+        blocks = []
+        with torch.no_grad():
+            for (meta, _, pairs), (b, pos) in zip(layout, self._walk(arch)):
+                key = (pos, tuple(sorted((k, v) for k, v in b.items() if k != "name")))
+                mod = self._scratch.get(key)
+                if mod is None:
+                    mod = self._scratch[key] = build_mbv2([b], self.input_shape, self.classes).blocks[0]
+                    if len(self._scratch) > SCRATCH_CACHE:
+                        self._scratch.popitem(last=False)
+                else:
+                    self._scratch.move_to_end(key)
+                own = mod.state_dict(keep_vars=True)
+                for rest, fk, shape in pairs:
+                    own[rest].copy_(_crop(full[fk], shape))
+                blocks.append(mod)
+        net = Mbv2Net.__new__(Mbv2Net)
+        nn.Module.__init__(net)
+        net.blocks = nn.ModuleList(blocks)
+        return net
+
+    def extract(self, arch: dict) -> nn.Module:
+        """A plain `build_mbv2` module of `arch` holding copies of its shared tensors."""
+        net = self.space.build(arch, self.input_shape, self.classes)
+        net.load_state_dict({k: v.detach().clone() for k, v in self.tensors(arch).items()})
+        return net.train(self.training)
+
+
+def _crop(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The first entries of `t` along each axis to `shape`; the spatial axes of a conv
+    weight (2 and 3 of four) centre-cropped instead."""
+    if t.shape == shape:
+        return t
+    index = []
+    for axis, (have, want) in enumerate(zip(t.shape, shape)):
+        if want > have:
+            raise ValueError(f"cannot crop {tuple(t.shape)} to {tuple(shape)}")
+        start = (have - want) // 2 if t.dim() == 4 and axis >= 2 else 0
+        index.append(slice(start, start + want))
+    return t[tuple(index)]
+
+
+def recalibrate(model: nn.Module, x: torch.Tensor, batch: int) -> None:
+    """Batch-norm statistics and activation-quantizer ranges of `model` measured afresh on
+    `x` (in batches of `batch`): each batch norm's running mean and variance become the
+    average over the batches, each range starts from the first batch (quant.ActQuant's
+    moving average after it).  Weights are left as they are; `model` ends in eval mode."""
+    from ..evaluation.quant import ActQuant
+
+    momenta = {}
+    for mod in model.modules():
+        if isinstance(mod, nn.modules.batchnorm._BatchNorm):
+            mod.reset_running_stats()
+            momenta[mod] = mod.momentum
+            mod.momentum = None  # a cumulative average
+        elif isinstance(mod, ActQuant):
+            mod.observed.fill_(False)
+    model.train()
+    with torch.no_grad():
+        for i in range(0, len(x), batch):
+            model(x[i:i + batch])
+    for mod, m in momenta.items():
+        mod.momentum = m
+    model.eval()

@@ -1,0 +1,47 @@
+"""Measuring one architecture with the weights it inherits from a supernet.
+
+`score(net, arch, data, settings, calibration)`:
+ 1. takes the sub-network's weights from the supernet (`Supernet.network`);
+ 2. recalibrates its batch-norm statistics and activation-quantizer ranges, at its own bit
+    widths, on `calibration` (a fixed set of training inputs, one batch);
+ 3. optionally fine-tunes it for `finetune_epochs` as proxy training would (then
+    recalibrates again);
+ 4. calibrates its exit thresholds on the validation split and measures it on the test
+    split exactly as proxy training does (`nasctl.evaluation.train.measure`): accuracy,
+    exit rates and exit accuracies.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..evaluation.train import EvalResult, TrainSettings, _threads, measure, train_network
+from .elastic import Supernet, recalibrate
+
+CALIBRATION_SAMPLES = 256  # training inputs the batch-norm statistics are recalibrated on
+
+
+def calibration_inputs(data, seed: int, samples: int = CALIBRATION_SAMPLES) -> torch.Tensor:
+    """The training inputs every candidate recalibrates on: `samples` of them drawn by `seed`."""
+    idx = np.sort(np.random.default_rng(seed).permutation(len(data.y_train))[:samples])
+    return torch.from_numpy(np.ascontiguousarray(data.x_train[idx]))
+
+
+def score(net: Supernet, arch: dict, data, settings: TrainSettings, calibration: torch.Tensor, *,
+          finetune_epochs: int = 0, seed: int = 0, extract: bool = False) -> tuple[EvalResult, torch.nn.Module]:
+    """(its figures, the measured network).  `extract`: the network is a fresh `build_mbv2`
+    module of its own (to keep or export) rather than one assembled from reused blocks."""
+    t0 = time.perf_counter()
+    with _threads(settings.threads), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = net.extract(arch) if extract or finetune_epochs else net.network(arch)
+        recalibrate(model, calibration, len(calibration))
+        if finetune_epochs:
+            tune = TrainSettings(**{**settings.__dict__, "epochs": finetune_epochs})
+            train_network(model, data, tune, seed, torch.device("cpu"))
+            recalibrate(model, calibration, len(calibration))
+    result = measure(model, net.space, arch, data, settings, time.perf_counter() - t0)
+    return result, model

@@ -1,0 +1,175 @@
+"""Saved supernets: `supernets/NAME/` in the workspace.
+
+    weights.pt       the full network's torch `state_dict` (loads with weights_only=True)
+    card.yaml        what it holds and how it was made: the space's name, file and a hash
+                     of its spec (a supernet fits only the space it was trained for), the
+                     dataset and its split seed, input shape and classes, the training
+                     settings and seed, epochs done, wall time, package versions and the
+                     SHA-256 of weights.pt
+    checkpoint.pt    while training: the weights and AdamW moments after the last finished
+    checkpoint.json  epoch (tensors only), and that epoch with the settings, so that
+                     `nasctl supernet train --resume` continues it; removed once done
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import workspace
+from ..errors import ConfigError, UsageError
+
+FOLDER = "supernets"
+CARD = "card.yaml"
+WEIGHTS = "weights.pt"
+CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_META = "checkpoint.json"
+FORMAT = 1
+
+
+def spec_hash(space) -> str:
+    """SHA-256 (16 hex digits) of a space's spec, its description left out: a supernet
+    holds the weights of this exact space."""
+    from .elastic import base_space
+
+    spec = base_space(space).spec.model_dump(exclude={"description"})
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Saved:
+    name: str
+    path: Path
+    origin: str
+
+
+def saved() -> list[Saved]:
+    """Every saved supernet (a folder with a card), first workspace root winning."""
+    found: dict[str, Saved] = {}
+    for root in workspace.roots():
+        base = root.path / FOLDER
+        if base.is_dir():
+            for p in sorted(base.iterdir()):
+                if (p / CARD).is_file():
+                    found.setdefault(p.name, Saved(p.name, p, root.origin))
+    return sorted(found.values(), key=lambda s: s.name)
+
+
+def find(name: str) -> Path:
+    if (Path(name) / CARD).is_file():
+        return Path(name)
+    for s in saved():
+        if s.name == name:
+            return s.path
+    known = ", ".join(s.name for s in saved()) or "none (train one with `nasctl supernet train`)"
+    raise UsageError(f"unknown supernet '{name}'; known: {known}")
+
+
+def read_card(folder: Path) -> dict:
+    from ..specs import read_yaml
+
+    card = read_yaml(Path(folder) / CARD)
+    if not isinstance(card, dict) or not isinstance(card.get("format"), int):
+        raise ConfigError(f"{Path(folder) / CARD}: format: missing or not a whole number")
+    if card["format"] > FORMAT:
+        raise ConfigError(f"{Path(folder) / CARD}: format {card['format']} was written by a newer nasctl; "
+                          f"this one reads format {FORMAT} and older (upgrade nasctl)")
+    for key in ("space", "space_hash", "input_shape", "classes", "dataset", "files"):
+        if key not in card:
+            raise ConfigError(f"{Path(folder) / CARD}: {key}: missing")
+    return card
+
+
+def check_fits(card: dict, name: str, space) -> None:
+    """One line where the supernet was trained for another space or another version of it."""
+    if card["space"] != space.name:
+        raise UsageError(f"supernet '{name}' was trained for space '{card['space']}', not '{space.name}'; "
+                         f"train one for it with `nasctl supernet train --space {space.name}`")
+    if card["space_hash"] != spec_hash(space):
+        raise UsageError(f"supernet '{name}' was trained for another version of space '{space.name}' "
+                         "(its spec has changed since); train it again")
+
+
+def load(name: str, space, dataset=None):
+    """The supernet `name` (a workspace name or a folder), checked against `space` and,
+    where given, the dataset (its name and split seed); (Supernet in eval mode, card)."""
+    from ..evaluation import kept
+    from .elastic import Supernet
+
+    folder = find(name)
+    card = read_card(folder)
+    check_fits(card, name, space)
+    if dataset is not None:
+        want = card["dataset"]
+        if (want.get("name"), tuple(card["input_shape"]), card["classes"]) != (
+                dataset.name, tuple(dataset.input_shape), dataset.classes):
+            raise UsageError(f"supernet '{name}' was trained on dataset '{want.get('name')}' "
+                             f"({'x'.join(map(str, card['input_shape']))}, {card['classes']} classes), "
+                             f"not '{dataset.name}'")
+    state = kept.load_weights(folder / WEIGHTS, card["files"].get(WEIGHTS))
+    net = Supernet(space, tuple(card["input_shape"]), int(card["classes"]))
+    try:
+        net.full.load_state_dict(state)
+    except RuntimeError as e:
+        raise UsageError(f"{folder / WEIGHTS} does not hold this space's supernet: "
+                         f"{' '.join(str(e).split())[:200]}") from None
+    return net.eval(), card
+
+
+def save(folder: Path, net, card: dict) -> Path:
+    """weights.pt and card.yaml (written last: a folder without one is no supernet)."""
+    import torch
+    import yaml
+
+    from ..evaluation import kept
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / (WEIGHTS + ".tmp")
+    torch.save({k: v.detach().cpu().contiguous() for k, v in net.full.state_dict().items()}, tmp)
+    os.replace(tmp, folder / WEIGHTS)
+    doc = {"format": FORMAT, **card, "files": {WEIGHTS: kept.sha256(folder / WEIGHTS)}}
+    (folder / (CARD + ".tmp")).write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    os.replace(folder / (CARD + ".tmp"), folder / CARD)
+    return folder
+
+
+def save_checkpoint(folder: Path, net, opt, epoch: int, meta: dict) -> None:
+    """The weights and AdamW state after `epoch` epochs, as tensors only."""
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in net.full.state_dict().items()}
+    names = {id(p): n for n, p in net.named_parameters()}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for k, v in opt.state.get(p, {}).items():
+                tensors[f"opt.{names[id(p)]}.{k}"] = v.detach().cpu().contiguous()
+    torch.save(tensors, folder / (CHECKPOINT + ".tmp"))
+    os.replace(folder / (CHECKPOINT + ".tmp"), folder / CHECKPOINT)
+    (folder / CHECKPOINT_META).write_text(json.dumps({"epoch": epoch, **meta}, indent=1), encoding="utf-8")
+
+
+def load_checkpoint(folder: Path, net) -> tuple[int, dict, dict]:
+    """(epochs done, the optimizer state to load, the checkpoint's meta) from a folder's
+    checkpoint into `net`."""
+    import torch
+
+    meta = json.loads((folder / CHECKPOINT_META).read_text(encoding="utf-8"))
+    tensors = torch.load(folder / CHECKPOINT, map_location="cpu", weights_only=True)
+    net.full.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+    params = [n for n, _ in net.named_parameters()]
+    state = {}
+    for i, n in enumerate(params):
+        entry = {k.rsplit(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"opt.{n}.")
+                 and k.count(".") == n.count(".") + 2}
+        if entry:
+            state[i] = entry
+    return int(meta["epoch"]), state, meta
+
+
+def remove_checkpoint(folder: Path) -> None:
+    for f in (CHECKPOINT, CHECKPOINT_META):
+        (folder / f).unlink(missing_ok=True)
