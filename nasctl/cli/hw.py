@@ -123,7 +123,10 @@ def profile(
     "solved by non-negative least squares over the kernels each model contains, plus a per-model overhead.\n\n"
     "Both: the table is calibrated against the end-to-end latencies.\n\n"
     "--bundle-results FILE: the results CSV a profiling bundle's runner wrote on the target (`nasctl hw bundle`), "
-    "beside the bundle's bundle.json: the device is fitted as `hw profile` fits its own measurements."))
+    "beside the bundle's bundle.json: the device is fitted as `hw profile` fits its own measurements.\n\n"
+    "--prior DEV1,DEV2 (with --models): devices already known (lut or analytical) as a prior: each kernel's "
+    "cost a non-negative mix of theirs plus a penalised correction; how far to trust them (prior only, a "
+    "correction's strength, or no prior) is chosen by cross-validation on the measured models."))
 def fit(
     device: Annotated[str, typer.Option(help="Name of the device to write.", show_default=False)],
     lut: Annotated[Optional[Path], typer.Option(help="Per-kernel table (CSV).", show_default=False)] = None,
@@ -140,6 +143,8 @@ def fit(
         show_default=False)] = None,
     bundle_results: Annotated[Optional[Path], typer.Option(
         help="Results CSV of a profiling bundle's runner (alone).", show_default=False)] = None,
+    prior: Annotated[Optional[str], typer.Option(
+        help="Comma-separated devices whose kernel costs are the prior (with --models).", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ):
     from ..hardware.fit import fit_from_lut, fit_from_models, read_models_csv, write_device
@@ -151,6 +156,12 @@ def fit(
                          "or --bundle-results FILE")
     if bundle_results is not None and (lut is not None or models is not None):
         raise UsageError("--bundle-results FILE goes alone, not with --lut or --models")
+    if prior is not None and (models is None or lut is not None or bundle_results is not None):
+        raise UsageError("--prior DEV1,DEV2 goes with --models FILE alone (not --lut or --bundle-results)")
+    names = [n.strip() for n in prior.split(",")] if prior is not None else []
+    if not all(names):
+        raise UsageError(f"--prior '{prior}': expected comma-separated device names, e.g. pixel3,raspi4")
+    priors = [_device(n) for n in names] if prior is not None else None
     folder = workspace.new_entry("hardware", device, "device")
     measured = None
     if bundle_results is not None:
@@ -162,6 +173,10 @@ def fit(
                                    _parse_shape(input_shape) if input_shape else None, classes)
     if lut is not None:
         fitted = fit_from_lut(device, read_lut(lut), measured)
+    elif priors is not None:
+        from ..hardware.prior import fit_with_prior
+
+        fitted = fit_with_prior(device, *measured, priors, grouping=grouping)
     elif bundle_results is None:
         fitted = fit_from_models(device, *measured, grouping=grouping)
     spec_path = write_device(folder, fitted)
@@ -173,8 +188,13 @@ def fit(
     if "grouping" in f:
         out.print(f"Fitted {len(fitted.rows)} kernel costs from {f['models']} models ({f['grouping']} grouping; "
                   f"cross-validated RMS error by grouping: {f['cv_rms_error_pct_by_grouping'] or 'n/a'}).")
-    else:
+    elif "prior" not in f:
         out.print(f"Read {len(fitted.rows)} distinct kernels.")
+    if "prior" in f:
+        p = f["prior"]
+        out.print(f"Prior {', '.join(p['devices'])}: chose {p['trust']} by {p['cv']} cross-validation on {f['models']} "
+                  f"models (RMS error {p['cv_rms_error_pct'][p['trust']]:.1f}%); weights "
+                  + ", ".join(f"{n} {w:.3g}" for n, w in p["weights"].items()) + ".")
     if bundle_results is not None:
         r, where = fitted.report, fitted.spec["measurement"]["machine"].get("cpu")
         out.print(f"Measured on {where}: {r['networks']} context networks, reproduced with an RMS error of "

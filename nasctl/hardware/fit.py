@@ -145,19 +145,51 @@ def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
     return x / scale
 
 
-def _cv_error(grouping: _Grouping, layer_lists, y: np.ndarray, folds: int = 5, seed: int = 0) -> float:
-    A = np.array([grouping.columns(layers) for layers in layer_lists])
+def cv_rms_error(A: np.ndarray, y: np.ndarray, solve=_nnls, folds: int = 5, seed: int = 0) -> float:
+    """Cross-validated RMS relative error (%) of `y ≈ A @ solve(A, y)`: `folds` folds of a
+    permutation seeded by `seed` (folds == len(y): leave one out)."""
     order = np.random.default_rng(seed).permutation(len(y))
     errors = np.empty(len(y))
     for k in range(folds):
         test = order[k::folds]
         train = np.setdiff1d(order, test)
-        x = _nnls(A[train], y[train])
+        x = solve(A[train], y[train])
         errors[test] = A[test] @ x / y[test] - 1.0
     return float(np.sqrt(np.mean(errors ** 2)) * 100)
 
 
+def _cv_error(grouping: _Grouping, layer_lists, y: np.ndarray, folds: int = 5, seed: int = 0) -> float:
+    return cv_rms_error(np.array([grouping.columns(layers) for layers in layer_lists]), y, folds=folds, seed=seed)
+
+
 GROUPINGS = ("kernels", "types", "types-shared")
+
+
+def distinct_layers(layer_lists: Sequence[Sequence[LayerSpec]]) -> list[LayerSpec]:
+    """The first layer of each distinct kernel (`LayerSpec.shape_key`), in order of appearance."""
+    first: dict[tuple, LayerSpec] = {}
+    for layers in layer_lists:
+        for layer in layers:
+            first.setdefault(layer.shape_key(), layer)
+    return list(first.values())
+
+
+def checked_latencies(layer_lists: Sequence[Sequence[LayerSpec]], latency_ms: Sequence[float]) -> np.ndarray:
+    """The measured latencies as an array, refused where empty or not all positive."""
+    y = np.asarray(latency_ms, dtype=float)
+    if len(layer_lists) != len(y):
+        raise ValueError(f"{len(layer_lists)} layer lists but {len(y)} latencies")
+    if not len(y):
+        raise UsageError("no models to fit from")
+    if np.any(~(y > 0)):
+        raise UsageError("every measured latency_ms must be positive")
+    return y
+
+
+def feasible_groupings(layer_lists: Sequence[Sequence[LayerSpec]], models: int) -> list[str]:
+    """The groupings `models` measured models can fit without a prior: fewer unknowns than
+    4/5 of them."""
+    return [g for g in GROUPINGS if len(_Grouping.make(g, layer_lists).keys) + 1 <= 0.8 * models - 1]
 
 
 def fit_from_models(name: str, layer_lists: Sequence[Sequence[LayerSpec]], latency_ms: Sequence[float],
@@ -166,13 +198,7 @@ def fit_from_models(name: str, layer_lists: Sequence[Sequence[LayerSpec]], laten
 
     `grouping` (one of GROUPINGS) fixes the kernel grouping; by default every grouping
     with fewer unknowns than 4/5 of the models is cross-validated and the best kept."""
-    y = np.asarray(latency_ms, dtype=float)
-    if len(layer_lists) != len(y):
-        raise ValueError(f"{len(layer_lists)} layer lists but {len(y)} latencies")
-    if not len(y):
-        raise UsageError("no models to fit from")
-    if np.any(~(y > 0)):
-        raise UsageError("every measured latency_ms must be positive")
+    y = checked_latencies(layer_lists, latency_ms)
     candidates = {g: _Grouping.make(g, layer_lists) for g in GROUPINGS}
     unknowns = {g: len(c.keys) + 1 for g, c in candidates.items()}
     if grouping is not None:
@@ -180,7 +206,7 @@ def fit_from_models(name: str, layer_lists: Sequence[Sequence[LayerSpec]], laten
             raise UsageError(f"unknown grouping '{grouping}'; allowed: {', '.join(GROUPINGS)}")
         feasible = [grouping]
     else:
-        feasible = [g for g in GROUPINGS if unknowns[g] <= 0.8 * len(y) - 1]
+        feasible = feasible_groupings(layer_lists, len(y))
         if not feasible:
             need = int(np.ceil((unknowns["types-shared"] + 1) / 0.8))
             raise UsageError(f"{len(y)} models are too few to fit from: their {unknowns['types-shared'] - 2} "
@@ -190,13 +216,7 @@ def fit_from_models(name: str, layer_lists: Sequence[Sequence[LayerSpec]], laten
     g = candidates[chosen]
     x = _nnls(np.array([g.columns(layers) for layers in layer_lists]), y)
     per_layer = float(x[g.keys.index("layer")]) if "layer" in g.keys else 0.0
-    rows, seen = [], set()
-    for layers in layer_lists:
-        for layer in layers:
-            key = layer.shape_key()
-            if key not in seen:
-                seen.add(key)
-                rows.append(row_from_layer(layer, max(g.layer_cost(layer, x), FLOOR_MS)))
+    rows = [row_from_layer(layer, max(g.layer_cost(layer, x), FLOOR_MS)) for layer in distinct_layers(layer_lists)]
     fit_error = np.array([g.columns(layers) for layers in layer_lists]) @ x / y - 1.0
     fit = {"from": "end-to-end latencies", "models": len(y), "grouping": chosen,
            "cv_rms_error_pct_by_grouping": errors,
