@@ -105,6 +105,13 @@ def test_the_runner_measures_without_nasctl_and_the_results_make_a_device(measur
     device = load_device(str(ws / "hardware" / "target" / "spec.yaml"))
     networks, *_ = read_results(results)
     assert all(device.estimate(m.layers).latency_ms > 0 for m in networks)
+    # validated beside another device against the same measurements
+    from nasctl.hardware.measure.profile import validate_models
+
+    models = [folder / "networks" / "ref1.onnx", folder / "networks" / "net0000.onnx"]
+    doc = validate_models(device, models, rounds=2, compare=[device])
+    assert [r["measured_ms"] for r in doc["compared"][0]["models"]] == [r["measured_ms"] for r in doc["models"]]
+    assert doc["compared"][0]["summary"] == doc["summary"] and "machine_vs_profile" in doc["summary"]
     # fitted again without measuring, to the same device (the networks travel with it)
     from nasctl.hardware.measure.profile import refit_profile
 

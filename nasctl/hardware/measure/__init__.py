@@ -21,5 +21,10 @@ kernels overestimates a whole model 1.4-5x.  So kernels are measured *in context
 6. `profile`: `nasctl.hardware.fit.fit_from_lut` makes the device of the kernel times;
    then `spec.yaml` and `lut.csv` are written.
 
-`timing` holds the protocol every time is taken by (and the energy counters).
+`runner` holds the measuring itself - the protocol every time is taken by, profiling,
+long kernels alone, chunks with reference networks, the energy counters - importing only
+numpy and onnxruntime: `bundle` (`nasctl hw bundle`) copies it into a profiling bundle,
+whose runner measures another machine with it, and `nasctl hw fit --bundle-results`
+fits that machine's device of its results by step 6, as `hw profile` does.  `timing`
+gives the protocol's functions to the rest of nasctl.
 """

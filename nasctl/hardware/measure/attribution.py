@@ -112,7 +112,8 @@ def _kernel_alone(model, tag: str):
     return utils.Extractor(model).extract_model(inputs, outputs)
 
 
-def prepare_networks(networks: Sequence[tuple[object, str]], folder: Path) -> tuple[list[Network], list[list[LayerSpec]]]:
+def prepare_networks(networks: Sequence[tuple[object, str]],
+                     folder: Path) -> tuple[list[Network], list[list[LayerSpec]]]:
     """Context networks (onnx models with descriptions) written to `folder` to be measured,
     and their layers as the ONNX importer reads them; a kernel to be timed alone is cut
     out of its network when the runner asks for it."""

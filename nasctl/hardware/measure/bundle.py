@@ -131,7 +131,8 @@ def write_bundle(folder: Path, kernels: int = 5000, seed: int = 0, chunk: int = 
             "megabytes": round(size / 1e6, 1), "seed": seed}
 
 
-README = """nasctl profiling bundle {id} (nasctl {version}): {layers} kernels in {networks} context networks, seed {seed}.
+README = """nasctl profiling bundle {id} (nasctl {version}):
+{layers} kernels in {networks} context networks, seed {seed}.
 
 1. Copy this folder to the machine to profile. It needs Python 3.8 or later with numpy and
    onnxruntime (pip install numpy onnxruntime); not nasctl, not torch.

@@ -189,33 +189,40 @@ def refit_profile(name: str, folder: Path):
 
 
 def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int = 0,
-                    on_progress: Optional[Callable[[int, int, str], None]] = None) -> dict:
-    """Predicted vs measured end-to-end latency of ONNX models on this machine."""
+                    on_progress: Optional[Callable[[int, int, str], None]] = None, compare: Sequence = ()) -> dict:
+    """Predicted vs measured end-to-end latency of ONNX models on this machine.  The devices
+    in `compare` are priced against the same measurements (`compared`, one document each):
+    the measuring noise is then the same for all."""
     from ..onnx_import import import_onnx
+
+    def recorded(dev) -> list:
+        return list(getattr(getattr(dev, "spec", None), "measurement", {}).get("reference_ms", []))
 
     threads = int(getattr(getattr(device, "spec", None), "measurement", {}).get("threads", 1))
     protocol = Protocol(threads=threads, rounds=rounds)
-    rows = []
-    for path in paths:
-        imported = import_onnx(Path(path))
-        report = device.estimate(imported.layers)
-        unpriced = imported.unsupported + report.unsupported
-        rows.append({"model": Path(path).stem, "path": str(path), "predicted_ms": report.latency_ms,
-                     "layers": len(imported.layers), "unsupported": dict(unpriced)})
+    imported = [import_onnx(Path(path)) for path in paths]
     # The profile's reference networks, measured beside the models where the device records
     # their times: how much slower (or faster) the machine runs now than when profiled.
-    recorded = list(getattr(getattr(device, "spec", None), "measurement", {}).get("reference_ms", []))
-    refs = [m.SerializeToString() for m, _ in reference_networks(len(recorded))] if recorded else []
+    count = max((len(recorded(d)) for d in (device, *compare)), default=0)
+    refs = [m.SerializeToString() for m, _ in reference_networks(count)] if count else []
     done = iter(range(1, rounds + 1))
     measured = measure_models([*paths, *refs], protocol, seed,
                               on_round=lambda: on_progress and on_progress(next(done), rounds, "rounds"))
-    for row, ms in zip(rows, measured):
-        row["measured_ms"] = float(ms)
-        row["error_pct"] = (row["predicted_ms"] / row["measured_ms"] - 1) * 100
-    err = np.array([r["error_pct"] for r in rows]) / 100
-    summary = {"models": len(rows), "within_5pct": float(np.mean(np.abs(err) <= 0.05)),
-               "within_10pct": float(np.mean(np.abs(err) <= 0.10)),
-               "rms_error_pct": float(np.sqrt(np.mean(err ** 2)) * 100)}
-    if refs:
-        summary["machine_vs_profile"] = float(np.median(measured[len(paths):] / np.array(recorded)))
-    return {"device": device.name, "protocol": protocol.describe(), "models": rows, "summary": summary}
+    docs = []
+    for dev in (device, *compare):
+        rows = []
+        for path, model, ms in zip(paths, imported, measured):
+            report = dev.estimate(model.layers)
+            rows.append({"model": Path(path).stem, "path": str(path), "predicted_ms": report.latency_ms,
+                         "layers": len(model.layers), "unsupported": dict(model.unsupported + report.unsupported),
+                         "measured_ms": float(ms), "error_pct": (report.latency_ms / float(ms) - 1) * 100})
+        err = np.array([r["error_pct"] for r in rows]) / 100
+        summary = {"models": len(rows), "within_5pct": float(np.mean(np.abs(err) <= 0.05)),
+                   "within_10pct": float(np.mean(np.abs(err) <= 0.10)),
+                   "rms_error_pct": float(np.sqrt(np.mean(err ** 2)) * 100)}
+        mine = recorded(dev)
+        if mine:
+            now = measured[len(paths):len(paths) + len(mine)]
+            summary["machine_vs_profile"] = float(np.median(now / np.array(mine)))
+        docs.append({"device": dev.name, "protocol": protocol.describe(), "models": rows, "summary": summary})
+    return {**docs[0], **({"compared": docs[1:]} if compare else {})}

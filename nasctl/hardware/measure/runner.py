@@ -205,7 +205,8 @@ def tag_of(name: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def attribute(nodes: Sequence[tuple[str, float]], layer_tags: Sequence[Optional[int]]) -> tuple[list[float], list[float]]:
+def attribute(nodes: Sequence[tuple[str, float]],
+              layer_tags: Sequence[Optional[int]]) -> tuple[list[float], list[float]]:
     """Each layer's share of the profiled node times, and of the nodes, given each layer's
     kernel tag (None for a layer without one).
 
@@ -403,7 +404,8 @@ def read_bundle(folder: Path, check_files: bool = True) -> dict:
                              f"bundle again with `nasctl hw bundle`")
         files = [(n["file"], n["sha256"]) for n in [*doc["networks"], *doc["references"]]]
         files += [(n["data"], n["data_sha256"]) for n in [*doc["networks"], *doc["references"]] if n.get("data")]
-        files += [(k["file"], k["sha256"]) for n in [*doc["networks"], *doc["references"]] for k in n["kernels"].values()]
+        files += [(k["file"], k["sha256"]) for n in [*doc["networks"], *doc["references"]]
+                  for k in n["kernels"].values()]
         chunks = [(int(c["seed"]), [int(i) for i in c["networks"]]) for c in doc["chunks"]]
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise InputError(f"{path} is malformed ({type(e).__name__}: {e}); write the bundle again with "
@@ -518,7 +520,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def progress(done: int, total: int, finished: int, chunks: int) -> None:
         # On a terminal one line, redrawn every round; in a log a line per chunk measured.
-        line = f"runner: {done}/{total} rounds, {finished}/{chunks} chunks measured, {time.perf_counter() - start:.0f} s"
+        seconds = time.perf_counter() - start
+        line = f"runner: {done}/{total} rounds, {finished}/{chunks} chunks measured, {seconds:.0f} s"
         if tty:
             print("\r" + line, end="", file=sys.stderr, flush=True)
         elif done == 0 or finished != last["finished"]:
