@@ -228,6 +228,8 @@ def test_the_runner_refuses_an_incomplete_or_changed_bundle_in_one_line(measured
     copy = tmp_path / "bundle"
     shutil.copytree(folder, copy)
     (copy / "results.csv").unlink()
+    runner_error(run_isolated(copy / "runner.py", "--out", copy / "README.txt" / "results.csv", cwd=tmp_path),
+                 "cannot write")
     doc = json.loads((copy / BUNDLE_FILE).read_text())
     data = copy / doc["networks"][0]["data"]
     data.write_bytes(data.read_bytes()[:-8])

@@ -439,50 +439,55 @@ def run_bundle(folder: Path, protocol: Protocol, out: Path,
                on_progress: Optional[Callable[[int, int, int, int], None]] = None) -> int:
     """Measure a bundle's networks by `protocol` and write the results CSV to `out` (one
     row per record, see `RESULTS_COLUMNS`); returns the number of rows.
-    `on_progress(rounds done, rounds in all, chunk, chunks)` follows the rounds."""
-    folder = Path(folder)
+    `on_progress(rounds done, rounds in all, chunks measured, chunks)` follows the rounds."""
+    folder, out = Path(folder), Path(out)
     doc = read_bundle(folder)
     networks = [bundle_network(folder, e) for e in doc["networks"]]
     references = [bundle_network(folder, e) for e in doc["references"]]
     chunks = [(int(c["seed"]), [int(i) for i in c["networks"]]) for c in doc["chunks"]]
-    total = 3 * protocol.rounds * len(chunks)
-    state = {"done": 0, "chunk": 0}
+    total = 3 * protocol.rounds * len(chunks)  # per chunk: profiled rounds, end-to-end rounds, long kernels alone
+    state = {"done": 0, "finished": 0}
 
-    def tick():
-        state["done"] = min(state["done"] + 1, total)
+    def progress() -> None:
         if on_progress is not None:
-            on_progress(state["done"], total, state["chunk"], len(chunks))
+            on_progress(state["done"], total, state["finished"], len(chunks))
 
+    def tick() -> None:
+        state["done"] = min(state["done"] + 1, total)
+        progress()
+
+    try:  # before measuring: a place it cannot write to is told at once
+        out.parent.mkdir(parents=True, exist_ok=True)
+        f = open(out, "w", newline="", encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"cannot write '{out}': {e.strerror}") from None
     start = time.perf_counter()
-    if on_progress is not None:
-        on_progress(0, total, 0, len(chunks))
     rows: list[list] = []
-    with tempfile.TemporaryDirectory(prefix="nasctl-runner-") as tmp:
-        measured = measure_chunks(((seed, [networks[i] for i in nets]) for seed, nets in chunks), references,
-                                  protocol, Path(tmp), tick, float(doc.get("long_kernel_ms", 0.5)))
-        for k, ((_, nets), (times, ref_times)) in enumerate(zip(chunks, measured)):
-            state["chunk"] = k + 1
-            state["done"] = max(state["done"], 3 * protocol.rounds * (k + 1))
-            for entry, t in [*zip([doc["networks"][i] for i in nets], times), *zip(doc["references"], ref_times)]:
-                rows += _network_rows(k, network_name(entry), t)
-            if on_progress is not None:
-                on_progress(state["done"], total, k + 1, len(chunks))
-    meta = {"results_format": RESULTS_FORMAT, "bundle_format": doc["format"], "bundle_id": doc["id"],
-            "runner_sha256": sha256_of(Path(__file__)), "threads": protocol.threads, "rounds": protocol.rounds,
-            "repeats": protocol.repeats, "warmup": protocol.warmup, "clock": protocol.clock,
-            "measuring_seconds": round(time.perf_counter() - start, 1),
-            **{f"machine.{k}": v for k, v in machine(doc.get("opset")).items()}}
-    rows = [["meta", "", "", k, v, ""] for k, v in meta.items()] + rows
     try:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "w", newline="", encoding="utf-8") as f:
+        with f, tempfile.TemporaryDirectory(prefix="nasctl-runner-") as tmp:
+            progress()
+            measured = measure_chunks(((seed, [networks[i] for i in nets]) for seed, nets in chunks), references,
+                                      protocol, Path(tmp), tick, float(doc.get("long_kernel_ms", 0.5)))
+            for k, ((_, nets), (times, ref_times)) in enumerate(zip(chunks, measured)):
+                entries = [*(doc["networks"][i] for i in nets), *doc["references"]]
+                for entry, t in zip(entries, [*times, *ref_times]):
+                    rows += _network_rows(k, network_name(entry), t)
+                state.update(finished=k + 1, done=max(state["done"], 3 * protocol.rounds * (k + 1)))
+                progress()
+            meta = {"results_format": RESULTS_FORMAT, "bundle_format": doc["format"], "bundle_id": doc["id"],
+                    "runner_sha256": sha256_of(Path(__file__)), "threads": protocol.threads,
+                    "rounds": protocol.rounds, "repeats": protocol.repeats, "warmup": protocol.warmup,
+                    "clock": protocol.clock, "measuring_seconds": round(time.perf_counter() - start, 1),
+                    **{f"machine.{k}": v for k, v in machine(doc.get("opset")).items()}}
+            rows[:0] = [["meta", "", "", k, v, ""] for k, v in meta.items()]
             writer = csv.writer(f)
             writer.writerow(RESULTS_COLUMNS)
             writer.writerows(rows)
             writer.writerow(["end", "", "", "", len(rows), ""])  # a file cut short lacks it
-    except OSError as e:
-        raise InputError(f"cannot write '{out}': {e.strerror}") from None
-    return len(rows) + 1
+    except BaseException:  # interrupted or failed: no half-written results
+        out.unlink(missing_ok=True)
+        raise
+    return len(rows) + 2
 
 
 def _network_rows(chunk: int, name: str, t: NetworkTimes) -> list[list]:
