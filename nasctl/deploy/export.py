@@ -190,6 +190,10 @@ def export_trial(run_name: str, trial: int, out: Optional[Path] = None, *, retra
         model_figures = {"accuracy": f["accuracy"], "exit_rates": _named(meta["exits"], f["exit_rates"]),
                          "exit_accuracies": _named(meta["exits"], f["exit_accuracies"]),
                          "trained_on": "train", "epochs": meta["training"]["epochs"]}
+        if "supernet" in meta:  # the weights it inherited from a supernet (`--accuracy supernet:NAME`)
+            model_figures.update(weights=f"inherited from supernet '{meta['supernet']['name']}', batch norm "
+                                         "recalibrated", epochs=meta["supernet"].get("finetune_epochs", 0),
+                                 supernet=meta["supernet"])
         state = None
     out = Path(out) if out is not None else run.path / EXPORTS / (f"trial-{trial}" + ("-retrained" if retrain else ""))
     out.mkdir(parents=True, exist_ok=True)

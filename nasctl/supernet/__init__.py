@@ -42,7 +42,8 @@ def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed
     space.check_fits(data.input_shape, data.classes, min(settings.batch_size, len(data.y_train)))
     card = {"name": name, "space": space.name, "space_hash": store.spec_hash(space),
             "space_file": str(space_file), "space_sha256": kept.sha256(space_file),
-            "dataset": {"name": dataset_spec, "split_seed": seed, "train": len(data.y_train)},
+            "dataset": {"name": dataset_spec, "split_seed": seed, "train": len(data.y_train),
+                        "train_sha256": store.data_hash(data)},
             "input_shape": list(data.input_shape), "classes": data.classes,
             "normalisation": data.normalisation, "seed": seed, "settings": settings.as_dict()}
     with torch.random.fork_rng(devices=[]):

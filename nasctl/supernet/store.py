@@ -93,9 +93,20 @@ def check_fits(card: dict, name: str, space) -> None:
                          "(its spec has changed since); train it again")
 
 
-def load(name: str, space, dataset=None):
+def data_hash(data) -> str:
+    """SHA-256 (16 hex digits) of a dataset's training split: what a supernet learnt from."""
+    import numpy as np
+
+    h = hashlib.sha256(np.ascontiguousarray(data.x_train).tobytes())
+    h.update(np.ascontiguousarray(data.y_train).tobytes())
+    return h.hexdigest()[:16]
+
+
+def load(name: str, space, dataset=None, split_seed: int | None = None):
     """The supernet `name` (a workspace name or a folder), checked against `space` and,
-    where given, the dataset (its name and split seed); (Supernet in eval mode, card)."""
+    where given, the dataset split by `split_seed` (its training split must be the
+    supernet's own: else it has seen the validation or test inputs); (Supernet in eval
+    mode, card)."""
     from ..evaluation import kept
     from .elastic import Supernet
 
@@ -104,11 +115,14 @@ def load(name: str, space, dataset=None):
     check_fits(card, name, space)
     if dataset is not None:
         want = card["dataset"]
-        if (want.get("name"), tuple(card["input_shape"]), card["classes"]) != (
-                dataset.name, tuple(dataset.input_shape), dataset.classes):
-            raise UsageError(f"supernet '{name}' was trained on dataset '{want.get('name')}' "
-                             f"({'x'.join(map(str, card['input_shape']))}, {card['classes']} classes), "
-                             f"not '{dataset.name}'")
+        if split_seed is not None and want.get("split_seed") != split_seed:
+            raise UsageError(f"supernet '{name}' was trained on {want.get('name')} split by seed "
+                             f"{want.get('split_seed')}; this search splits it by --seed {split_seed}, so the "
+                             f"supernet has seen its test inputs: search with --seed {want.get('split_seed')}, "
+                             f"or train a supernet with --seed {split_seed}")
+        if want.get("train_sha256") != data_hash(dataset):
+            raise UsageError(f"supernet '{name}' was trained on other data ('{want.get('name')}', split by seed "
+                             f"{want.get('split_seed')}) than dataset '{dataset.name}'; train one on it")
     state = kept.load_weights(folder / WEIGHTS, card["files"].get(WEIGHTS))
     net = Supernet(space, tuple(card["input_shape"]), int(card["classes"]))
     try:

@@ -1,0 +1,275 @@
+"""Weight-sharing supernets: sub-networks inherit exactly, a saved supernet scores the same
+in a fresh interpreter, one for another (or a changed) space is refused, and a search and
+an export run on inherited weights."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.cli.cli_helpers import invoke, one_line_error
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = {
+    "name": "tiny", "kind": "mbv2",
+    "stem": {"channels": 8, "kernel": 3, "stride": 1},
+    "stages": [{"depth": [1, 2], "channels": [8, 12], "expand": [1, 2], "kernel": [3, 5], "stride": 1},
+               {"depth": [1, 2], "channels": [12, 16], "expand": [2, 3], "kernel": [3, 5], "stride": 2}],
+    "head": {"channels": 16},
+    "exits": {"after_stages": [1], "width": [8, 16], "tolerance": [0.5, 2]},
+    "quantization": {"backbone_bits": [32, 8, 4], "exit_bits": [32, 8, 4]},
+}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread, as searches on small inputs use (two threads beside other busy
+    processes slow these tiny convolutions down tenfold)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _workspace(folder: Path, spec: dict = TINY) -> Path:
+    (folder / "search_spaces").mkdir(parents=True, exist_ok=True)
+    (folder / "search_spaces" / "tiny.yaml").write_text(yaml.safe_dump(spec), encoding="utf-8")
+    return folder
+
+
+def _small_digits(path: Path) -> Path:
+    """A small .npz of the digits (240 training, 150 test images): quick to train on."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    rng = np.random.default_rng(0)
+    idx = rng.permutation(len(d.target))
+    x = (d.images * 16).astype(np.uint8)
+    np.savez(path, x_train=x[idx[:240]], y_train=d.target[idx[:240]],
+             x_test=x[idx[240:390]], y_test=d.target[idx[240:390]])
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A workspace with the tiny space and a supernet 'sn' of it trained for 2 epochs."""
+    ws = _workspace(tmp_path_factory.mktemp("ws"))
+    data = _small_digits(ws / "digits.npz")
+    res = invoke("--workspace", ws, "supernet", "train", "--space", "tiny", "--dataset", data, "--epochs", 2,
+                 "--name", "sn", "--warmup-epochs", 1, "--json")
+    assert res.exit_code == 0, res.output
+    return ws, data, json.loads(res.stdout)
+
+
+def _space():
+    from nasctl.spaces.mbv2 import Mbv2Space
+
+    return Mbv2Space.from_dict(TINY)
+
+
+def _archs(space, n=8):
+    """The smallest and largest, and sampled ones covering 4, 8 and 32 bits, exits on and off."""
+    from nasctl.supernet.elastic import Supernet
+
+    net = Supernet(space, (1, 8, 8), 10)
+    rng = np.random.default_rng(1)
+    out = [net.smallest(), net.largest()]
+    for i in range(n):
+        arch = space.sample(rng)
+        arch["backbone_bits"], arch["exit_bits"] = [4, 8, 32][i % 3], [32, 4, 8][i % 3]
+        arch["exit_s1"] = i % 2
+        arch["s1_expand"] = 1 if i % 4 == 0 else arch["s1_expand"]
+        out.append(arch)
+    return out
+
+
+def test_an_extracted_subnet_computes_exactly_what_the_supernet_computes_for_it():
+    import torch
+
+    from nasctl.supernet.elastic import Supernet
+
+    space = _space()
+    torch.manual_seed(0)
+    net = Supernet(space, (1, 8, 8), 10)
+    x = torch.rand(32, 1, 8, 8)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    rng = np.random.default_rng(0)
+    net.train()
+    for _ in range(6):  # weights, batch-norm statistics and activation ranges away from their initial values
+        opt.zero_grad()
+        sum(o.square().mean() for o in net(x, space.sample(rng))).backward()
+        opt.step()
+    archs = _archs(space)
+    assert {a["backbone_bits"] for a in archs} == {4, 8, 32} and {a["exit_s1"] for a in archs} == {0, 1}
+    for mode in ("eval", "train"):
+        for arch in archs:
+            getattr(net, mode)()
+            with torch.no_grad():
+                # copies first: in training mode every forward moves the activation ranges and BN statistics
+                own, scratch = net.extract(arch), net.network(arch).train(mode == "train")
+                assert own.training == (mode == "train")
+                shared, alone, scratch = net(x, arch), own(x), scratch(x)
+            assert len(shared) == len(space.active_exits(arch))
+            for a, b, c in zip(shared, alone, scratch):
+                assert torch.equal(a, b) and torch.equal(a, c), (mode, arch)
+    # the extracted module is the architecture's own network: its state_dict loads into build_mbv2
+    arch = archs[3]
+    plain = space.build(arch, (1, 8, 8), 10)
+    plain.load_state_dict(net.extract(arch).state_dict())
+    # and a larger sub-network's extra channels and blocks are not part of a smaller one
+    small, large = net.tensors(net.smallest()), net.tensors(net.largest())
+    assert sum(t.numel() for t in small.values()) < sum(t.numel() for t in large.values())
+
+
+SCORE = """
+import json, sys
+import torch
+from nasctl import workspace
+from nasctl.evaluation.datasets import load_dataset
+from nasctl.evaluation.train import TrainSettings
+from nasctl.spaces.loader import load_space
+from nasctl.supernet import store
+from nasctl.supernet.score import calibration_inputs, score
+workspace.set_workspace(__import__("pathlib").Path(sys.argv[1]))
+space = load_space("tiny")
+data = load_dataset(sys.argv[2], 0)
+net, _ = store.load("sn", space, data)
+cal = calibration_inputs(data, 0)
+out = []
+for arch in json.loads(sys.argv[3]):
+    r, _ = score(net, arch, data, TrainSettings(threads=1), cal)
+    out.append([r.accuracy, r.exit_rates, r.exit_accuracies, r.thresholds])
+print(json.dumps(out))
+"""
+
+
+def test_a_saved_supernet_reloads_in_a_fresh_interpreter_and_scores_identically(trained, tmp_path):
+    ws, data, card = trained
+    assert card["space"] == "tiny" and card["epochs_done"] == 2 and (ws / "supernets" / "sn" / "weights.pt").is_file()
+    assert not (ws / "supernets" / "sn" / "checkpoint.pt").exists()
+    archs = _archs(_space(), 4)
+    runs = [subprocess.run([sys.executable, "-c", SCORE, str(ws), str(data), json.dumps(archs)], cwd=ROOT,
+                           capture_output=True, text=True)]
+    assert runs[0].returncode == 0, runs[0].stderr[-2000:]
+    first = json.loads(runs[0].stdout)
+    assert all(abs(sum(rates) - 1) < 1e-9 and 0 <= acc <= 100 for acc, rates, _, _ in first)
+    # and here, in this process, after the supernet scored other architectures
+    from nasctl import workspace
+    from nasctl.evaluation.datasets import load_dataset
+    from nasctl.evaluation.train import TrainSettings
+    from nasctl.supernet import store
+    from nasctl.supernet.score import calibration_inputs, score
+
+    workspace.set_workspace(ws)
+    d = load_dataset(str(data), 0)
+    net, _ = store.load("sn", _space(), d)
+    cal = calibration_inputs(d, 0)
+    here = []
+    for arch in reversed(_archs(_space(), 6)):
+        r, _ = score(net, arch, d, TrainSettings(threads=1), cal)
+        here.append([r.accuracy, r.exit_rates, r.exit_accuracies, r.thresholds])
+    assert here[::-1][:len(first)] == first
+
+
+def test_a_resumed_training_ends_with_the_weights_of_an_uninterrupted_one(trained):
+    import torch
+
+    from nasctl import workspace
+    from nasctl.supernet import train_and_save
+    from nasctl.supernet.train import SupernetSettings
+
+    ws, data, _ = trained
+    workspace.set_workspace(ws)
+
+    def stop(done, loss):
+        raise KeyboardInterrupt  # Ctrl-C after the first of two epochs
+
+    with pytest.raises(KeyboardInterrupt):
+        train_and_save("tiny", str(data), "half", SupernetSettings(epochs=2, warmup_epochs=1), 0, on_epoch=stop)
+    folder = ws / "supernets" / "half"
+    assert (folder / "checkpoint.pt").is_file() and not (folder / "card.yaml").exists()
+    train = ("--workspace", ws, "supernet", "train", "--space", "tiny", "--dataset", data, "--name", "half")
+    one_line_error(invoke(*train), 2, "exists")
+    one_line_error(invoke(*train, "--resume", "--lr", 0.1), 2, "another settings")
+    res = invoke(*train, "--epochs", 2, "--warmup-epochs", 1, "--resume")
+    assert res.exit_code == 0, res.output
+    a = torch.load(folder / "weights.pt", weights_only=True)
+    b = torch.load(ws / "supernets" / "sn" / "weights.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not (folder / "checkpoint.pt").exists()
+    one_line_error(invoke(*train, "--resume"), 2, "no checkpoint")
+
+
+def test_a_supernet_for_another_space_or_a_changed_space_is_refused_in_one_line(trained, tmp_path):
+    ws, data, _ = trained
+    one_line_error(invoke("--workspace", ws, "search", "--space", "ee-mbv2", "--dataset", data,
+                          "--accuracy", "supernet:sn", "--budget", 2), 2, "trained for space 'tiny', not 'ee-mbv2'")
+    one_line_error(invoke("--workspace", ws, "search", "--space", "tiny", "--dataset", data,
+                          "--accuracy", "supernet:nope", "--budget", 2), 2, "unknown supernet 'nope'; known: ")
+    one_line_error(invoke("--workspace", ws, "search", "--space", "tiny", "--dataset", data, "--seed", 1,
+                          "--accuracy", "supernet:sn", "--budget", 2), 2, "split by seed 0")
+    one_line_error(invoke("--workspace", ws, "search", "--space", "tiny", "--dataset", data,
+                          "--finetune-epochs", 1, "--budget", 2), 2, "needs accuracy supernet:NAME")
+    changed = tmp_path / "changed"
+    shutil.copytree(ws, changed)
+    _workspace(changed, {**TINY, "head": {"channels": 24}})  # same knobs, other weights
+    one_line_error(invoke("--workspace", changed, "search", "--space", "tiny", "--dataset", data,
+                          "--accuracy", "supernet:sn", "--budget", 2), 2, "another version of space 'tiny'")
+    one_line_error(invoke("--workspace", ws, "supernet", "train", "--space", "nb201", "--epochs", 1),
+                   2, "allowed: mbv2")
+
+
+def test_a_search_scores_candidates_on_inherited_weights_and_exports_them(trained, tmp_path):
+    import torch
+
+    ws, data, _ = trained
+    run_dir = tmp_path / "run"
+    res = invoke("--workspace", ws, "search", "--space", "tiny", "--dataset", data, "--accuracy", "supernet:sn",
+                 "--strategy", "random", "--budget", 6, "--run-dir", run_dir, "--json")
+    assert res.exit_code == 0, res.output
+    from nasctl.runs import load as load_run
+
+    rows = load_run(str(run_dir)).trials
+    assert len(rows) == 6
+    for row in rows:
+        assert abs(row["exit_rate_s1"] + row["exit_rate_final"] - 1) < 1e-6 and row["exit_acc_final"] is not None
+    with_exit = [r for r in rows if json.loads(r["arch"])["exit_s1"]]
+    # each trial's figures are the supernet's score of its architecture
+    from nasctl import workspace
+    from nasctl.evaluation import kept
+    from nasctl.evaluation.datasets import load_dataset
+    from nasctl.evaluation.train import TrainSettings, measure
+    from nasctl.supernet import store
+    from nasctl.supernet.score import calibration_inputs, score
+
+    workspace.set_workspace(ws)
+    d = load_dataset(str(data), 0)
+    net, _ = store.load("sn", _space(), d)
+    for row in rows:
+        arch = json.loads(row["arch"])
+        r, _ = score(net, arch, d, TrainSettings(threads=1), calibration_inputs(d, 0))
+        assert r.accuracy == pytest.approx(row["accuracy"], abs=1e-3)
+        # the kept model is the inherited, recalibrated network: it loads into build_mbv2 and measures the same
+        meta = kept.read_meta(kept.folder_of(run_dir, row["arch"] if isinstance(row["arch"], str) else json.dumps(arch)))
+        plain = _space().build(arch, (1, 8, 8), 10)
+        plain.load_state_dict(torch.load(kept.folder_of(run_dir, json.dumps(arch, separators=(",", ":")))
+                                         / "model.pt", weights_only=True))
+        again = measure(plain.eval(), _space(), arch, d, TrainSettings(threads=1))
+        assert again.accuracy == r.accuracy and again.exit_rates == r.exit_rates
+        assert meta["supernet"]["name"] == "sn"
+    trial = (with_exit or rows)[0]["trial"]
+    res = invoke("--workspace", ws, "export", run_dir, "--trial", trial, "--out", tmp_path / "exp", "--json")
+    assert res.exit_code == 0, res.output
+    card = yaml.safe_load((tmp_path / "exp" / "card.yaml").read_text())
+    row = next(r for r in rows if r["trial"] == trial)
+    assert card["figures"]["model"]["accuracy"] == pytest.approx(row["accuracy"], abs=1e-3)
+    assert card["figures"]["model"]["weights"] == "inherited from supernet 'sn', batch norm recalibrated"
+    assert (tmp_path / "exp" / "model.onnx").is_file()
