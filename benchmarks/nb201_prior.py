@@ -1,0 +1,192 @@
+"""Leave one device out: a device fitted from a few measured NB201 networks, with and
+without the other HW-NAS-Bench devices as a prior, against HELP.
+
+The four HW-NAS-Bench devices (eyeriss, fpga, pixel3, raspi4) are first each fitted as
+`nasctl hw fit --models` would, from 1000 random non-degenerate cells of their own table
+(`fit_from_models`, on `run` or `drop` layer lists - whichever has the lower
+cross-validated error, as in nb201_latency.py - its layer-list convention), and written
+to a scratch workspace.  Then each device in turn is held out: N (5, 10, 20) cells are
+drawn at random from the 15,284 non-degenerate ones, and the device is fitted from their
+latencies alone
+
+  no prior   `fit_from_models` (today's `hw fit --models`), on `run` and `drop` layer
+             lists, the one with the lower cross-validated error kept; too few models
+             to fit from scratch below 10 cells;
+  prior      `nasctl.hardware.prior.fit_with_prior` (`hw fit --prior`) on `run` and on
+             `drop` layer lists, each with the other devices of that convention (loaded
+             back from the workspace) as the prior - a prior device prices the layer lists
+             it was fitted on; the convention kept is the one whose fit explains the N
+             cells best: the lower of (log CV error of the fit chosen + 2 x log CV error
+             of the prior alone) / 3 - how well the fit, and how well the prior devices of
+             that convention alone, explain the cells (ALPHA = 2/3).
+
+The fitted device is written, loaded back and prices all 15,625 cells; the table prints
+Spearman's rho against the held-out device's true latencies over all cells and over the
+non-degenerate ones, mean ± std over the draws, the worst draw, how often `drop` was
+kept and the trust cross-validation chose (prior: prior only; prior+G: with a correction
+in grouping G; none+G: no prior), and HELP's reported figures.  Nothing of the held-out
+device but its N cells is used.
+
+    python benchmarks/nb201_prior.py [--data DIR] [--sizes 5,10,20] [--seeds 0-9]
+
+Draw seeds 100-109 and 200-209 were used to design the method (its trust levels, ALPHA);
+0-9 are held out.  DIR holds HW-NAS-Bench's `hwnasbench_nb201.csv` (default:
+$NASCTL_NB201_DIR, else ../shared/benchmarks/nb201 next to this checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from nasctl import workspace
+from nasctl.errors import UsageError
+from nasctl.hardware.fit import distinct_layers, fit_from_models, write_device
+from nasctl.hardware.loader import load_device
+from nasctl.hardware.prior import fit_with_prior, prior_costs
+from nasctl.spaces.loader import load_space
+from nasctl.spaces.nb201 import Nb201Space
+from nb201_data import DEFAULT_DATA
+
+DEVICES = ("eyeriss", "fpga", "pixel3", "raspi4")
+VARIANTS = ("run", "drop")
+PRIOR_CELLS, PRIOR_SEED = 1000, 12345  # each prior device's own sample of its table
+ALPHA = 2 / 3  # weight of the prior-only fit in the choice of layer lists (tuned on draw seeds 100-109, 200-209)
+HELP = "HELP (Lee et al., NeurIPS 2021), 10 samples, its six test devices: rho 0.802-0.989, mean 0.932 (reported)"
+
+
+class Priced:
+    """All cells' layer lists of one variant as kernel counts, so that a device prices
+    its distinct kernels once (`prior_costs`) instead of 15,625 lists."""
+
+    def __init__(self, layer_lists: list):
+        self.layer_lists = layer_lists
+        self.kernels = distinct_layers(layer_lists)
+        index = {k.shape_key(): i for i, k in enumerate(self.kernels)}
+        self.counts = np.zeros((len(layer_lists), len(self.kernels)))
+        for m, layers in enumerate(layer_lists):
+            for layer in layers:
+                self.counts[m, index[layer.shape_key()]] += 1
+
+    def latency(self, device) -> np.ndarray:
+        costs = prior_costs(device, self.kernels)
+        run = device.estimate(self.layer_lists[0]).latency_ms - self.counts[0] @ costs  # per-model overhead
+        predicted = self.counts @ costs + run
+        for m in (1, len(self.layer_lists) // 2):  # the sum is the device's own estimate
+            assert np.isclose(predicted[m], device.estimate(self.layer_lists[m]).latency_ms, rtol=1e-9)
+        return predicted
+
+
+def variant_score(fitted) -> float:
+    """How well a fit explains the N cells, to choose between `run` and `drop`: the log of
+    its cross-validated error; with a prior, mixed with that of the prior alone (weight
+    ALPHA) - how well the prior devices of that layer-list convention explain the cells."""
+    f = fitted.spec["fit"]
+    if "prior" not in f:
+        return float(np.log(max(min(f["cv_rms_error_pct_by_grouping"].values()), 1e-3)))
+    cv = f["prior"]["cv_rms_error_pct"]  # (errors in %, to 0.001: a perfect fit counts as 0.001)
+    return float((1 - ALPHA) * np.log(max(min(cv.values()), 1e-3)) + ALPHA * np.log(max(cv["prior"], 1e-3)))
+
+
+def fit_chosen(name: str, priced: dict, y: np.ndarray, train: np.ndarray, priors=None):
+    """Predicted latency of every cell from the variant whose fit scores best on the N cells
+    (`variant_score`), written to the workspace and loaded back, as `nasctl hw fit` leaves
+    it; the variant and the fit.  `priors`: the prior devices by variant (each prior is
+    used with the layer lists it was fitted on)."""
+    fits = {}
+    for variant in VARIANTS:
+        layers = [priced[variant].layer_lists[i] for i in train]
+        try:
+            fits[variant] = (fit_with_prior(name, layers, y[train], priors[variant]) if priors and priors[variant]
+                             else fit_from_models(name, layers, y[train]))
+        except UsageError:  # too few cells to fit from scratch
+            if priors is None or priors[variant]:
+                raise
+    if not fits:
+        raise UsageError("too few cells")
+    variant = min(fits, key=lambda v: variant_score(fits[v]))
+    write_device(workspace.roots()[0].path / "hardware" / name, fits[variant])
+    return priced[variant].latency(load_device(name)), variant, fits[variant]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder holding hwnasbench_nb201.csv")
+    ap.add_argument("--sizes", default="5,10,20", help="numbers of measured cells to fit from")
+    ap.add_argument("--seeds", default="0-9", help="draw seeds, FIRST-LAST (100-109 tuned the method)")
+    ap.add_argument("--devices", default=",".join(DEVICES), help="devices to hold out in turn")
+    args = ap.parse_args()
+    table_path = args.data / "hwnasbench_nb201.csv"
+    if not table_path.is_file():
+        raise SystemExit(f"error: {table_path} not found; pass --data DIR or set NASCTL_NB201_DIR")
+    first, _, last = args.seeds.partition("-")
+    seeds = list(range(int(first), int(last or first) + 1))
+    with tempfile.TemporaryDirectory() as scratch:  # the fitted devices' workspace
+        workspace.set_workspace(Path(scratch))
+        run(table_path, [int(n) for n in args.sizes.split(",")], seeds, args.devices.split(","))
+
+
+def run(table_path: Path, sizes: list[int], seeds: list[int], held_out: list[str]) -> None:
+    import pandas as pd
+    from scipy.stats import spearmanr
+
+    base = load_space("nb201")
+    table = pd.read_csv(table_path)
+    archs = [base.parse_arch(s) for s in table["arch_str"]]
+    shape, classes = base.spec.input_shape, base.spec.classes
+    priced = {v: Priced([Nb201Space(base.spec.model_copy(update={"unused_ops": v})).to_layers(a, shape, classes)
+                         for a in archs]) for v in VARIANTS}
+    ok = ~np.array([base.is_degenerate(a) for a in archs])
+    pool = np.flatnonzero(ok)
+    truth = {d: table[f"cifar10_{d}_latency_ms"].to_numpy() for d in DEVICES}
+
+    own = np.random.default_rng(PRIOR_SEED).choice(pool, PRIOR_CELLS, replace=False)
+    convention = {}
+    for d in DEVICES:  # the prior devices, fitted from their own tables only
+        predicted, convention[d], _ = fit_chosen(f"prior-{d}", priced, truth[d], own)
+        print(f"prior device prior-{d}: fitted from {PRIOR_CELLS} cells ({convention[d]} layer lists), "
+              f"rho {spearmanr(predicted, truth[d])[0]:.3f}")
+    print(f"\nLeave one device out, fitted from N random non-degenerate cells, draw seeds {seeds[0]}-{seeds[-1]}; "
+          f"Spearman rho over all {len(archs):,} cells (ok: the {ok.sum():,} non-degenerate), mean ± std")
+    print(f"{'device':>8}{'N':>4}{'no prior':>17}{'no prior, ok':>17}{'prior':>17}{'prior, ok':>17}"
+          f"{'worst prior':>12}{'drop':>6}  trust chosen")
+    summary = {}
+    for d in held_out:
+        priors = {v: [load_device(f"prior-{p}") for p in DEVICES if p != d and convention[p] == v] for v in VARIANTS}
+        for n in sizes:
+            rho = {"none": [], "none_ok": [], "prior": [], "prior_ok": []}
+            trusts, drops = [], 0
+            for seed in seeds:
+                train = np.random.default_rng(seed).choice(pool, n, replace=False)
+                try:
+                    predicted = fit_chosen(d, priced, truth[d], train)[0]
+                    rho["none"].append(spearmanr(predicted, truth[d])[0])
+                    rho["none_ok"].append(spearmanr(predicted[ok], truth[d][ok])[0])
+                except UsageError:  # too few cells to fit from scratch
+                    rho["none"].append(np.nan)
+                    rho["none_ok"].append(np.nan)
+                predicted, variant, fitted = fit_chosen(d, priced, truth[d], train, priors)
+                rho["prior"].append(spearmanr(predicted, truth[d])[0])
+                rho["prior_ok"].append(spearmanr(predicted[ok], truth[d][ok])[0])
+                drops += variant == "drop"
+                f = fitted.spec["fit"]
+                trusts.append(f["prior"]["trust"].split("@")[0] if "prior" in f else "none")
+            cells = "".join("too few".rjust(17) if np.isnan(r).any() else f"{np.mean(r):>9.3f} ± {np.std(r):.3f}"
+                            for r in rho.values())
+            counts = ", ".join(f"{t} {trusts.count(t)}" for t in sorted(set(trusts)))
+            print(f"{d:>8}{n:>4}{cells}{min(rho['prior']):>12.3f}{drops:>4}/{len(seeds)}  {counts}", flush=True)
+            summary[d, n] = {k: float(np.mean(r)) for k, r in rho.items()}
+    tens = [(d, s) for (d, n), s in summary.items() if n == 10]
+    if tens:
+        print(f"\nN = 10, prior: rho >= 0.95 on every device: "
+              f"{'yes' if all(s['prior'] >= 0.95 for _, s in tens) else 'no'} "
+              f"(lowest {min(s['prior'] for _, s in tens):.4f}); never below no prior (mean): "
+              f"{'yes' if all(not s['none'] > s['prior'] for _, s in tens) else 'no'}")
+    print(HELP)
+
+
+if __name__ == "__main__":
+    main()
