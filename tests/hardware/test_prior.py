@@ -10,6 +10,7 @@ from nasctl.hardware.fit import FittedDevice, _spec, fit_from_models, write_devi
 from nasctl.hardware.layers import LayerSpec
 from nasctl.hardware.lut import LutDevice, row_from_layer
 from nasctl.hardware.prior import fit_with_prior
+from tests.cli.cli_helpers import invoke, one_line_error
 
 
 def conv(cin, cout, hw, k=3, stride=1, groups=1, fn="relu"):
@@ -144,20 +145,6 @@ def test_a_prior_table_without_the_models_kernel_types_is_named(tmp_path):
 
 # --- nasctl hw fit --prior --------------------------------------------------------------
 
-def invoke(*args):
-    from typer.testing import CliRunner
-
-    from nasctl.cli import app
-
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, text):
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and text in lines[0], result.stderr
-
-
 @pytest.fixture
 def nb201_models(tmp_path):
     """Eight NB201 cells timed on a board that runs them like 1.7 x edge-quad + 0.3 x
@@ -202,14 +189,14 @@ def test_hw_fit_prior_bad_input_is_one_line(tmp_path, nb201_models):
     ws = tmp_path / "ws"
     ws.mkdir()
     fit = ("--workspace", ws, "hw", "fit", "--device", "board", "--models", nb201_models, "--space", "nb201")
-    one_line_error(invoke(*fit, "--prior", "edge-quad,nosuch"), "nosuch")
-    one_line_error(invoke(*fit, "--prior", "edge-quad,"), "--prior 'edge-quad,'")
+    one_line_error(invoke(*fit, "--prior", "edge-quad,nosuch"), 2, "nosuch")
+    one_line_error(invoke(*fit, "--prior", "edge-quad,"), 2, "--prior 'edge-quad,'")
     convs = tmp_path / "convs.csv"  # a table of convolutions only: it cannot price NB201's pooling or adds
     convs.write_text("op,in_ch,out_ch,in_h,in_w,out_h,out_w,kernel_h,kernel_w,stride,groups,w_bits,a_bits,fn,"
                      "latency_ms\n" + "".join(f"conv,16,16,{hw},{hw},{hw},{hw},3,3,1,1,32,32,relu,{hw * 1e-3}\n"
                                               for hw in (8, 16, 32)))
     assert invoke("--workspace", ws, "hw", "fit", "--device", "convs", "--lut", convs).exit_code == 0
-    one_line_error(invoke(*fit, "--prior", "convs"), "prior device 'convs' cannot price")
+    one_line_error(invoke(*fit, "--prior", "convs"), 2, "prior device 'convs' cannot price")
     one_line_error(invoke("--workspace", ws, "hw", "fit", "--device", "b", "--lut", convs, "--prior", "edge-quad"),
-                   "--prior")
+                   2, "--prior")
     assert not (ws / "hardware" / "board").exists()
