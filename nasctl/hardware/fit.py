@@ -42,6 +42,9 @@ together (`--lut` and `--models`) calibrate the table against the end-to-end tim
 scale per kernel type, a per-layer and a per-model overhead (`calibrate`) - what
 `nasctl hw profile` does with the kernels and networks it measures.
 
+With `--prior DEV1,DEV2` the end-to-end fit starts from devices already known
+(`prior.fit_with_prior`): a handful of models then suffice.
+
 The device is written to the workspace as `hardware/NAME/spec.yaml` + `lut.csv`, with the
 fitted boosted trees in `regressors.json`.
 """

@@ -169,7 +169,7 @@ def nb201_models(tmp_path):
     return path
 
 
-def test_hw_fit_with_a_prior_writes_a_device_search_and_predict_can_load(tmp_path, nb201_models):
+def test_hw_fit_with_a_prior_writes_a_loadable_device_that_records_it(tmp_path, nb201_models):
     ws = tmp_path / "ws"
     ws.mkdir()
     result = invoke("--workspace", ws, "hw", "fit", "--device", "board", "--models", nb201_models, "--space", "nb201",
