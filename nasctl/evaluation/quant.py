@@ -35,6 +35,15 @@ def fake_quant_weight(weight: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.fake_quantize_per_channel_affine(weight.float(), scale.float(), zero, 0, -q_max, q_max).to(weight.dtype)
 
 
+def fake_quant_act(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, levels: int) -> torch.Tensor:
+    """What `torch.fake_quantize_per_tensor_affine(x, scale, zero, 0, levels)` gives, bit for
+    bit on float32 (its CPU kernel: q = clamp(z + nearbyint(x · (1/s)), 0, levels), (q - z) · s,
+    in float32), without gradients: in place on one new tensor, several times faster on
+    the CPU - what measuring networks (validation, test, batch-norm recalibration) spends
+    most of its time on."""
+    return torch.mul(x, 1.0 / scale).round_().add_(zero).clamp_(0, levels).sub_(zero).mul_(scale)
+
+
 class QConv2d(nn.Conv2d):
     """`nn.Conv2d` whose weight is fake-quantized to `bits` in every forward pass."""
 
@@ -94,6 +103,8 @@ class ActQuant(nn.Module):
         levels = 2 ** self.bits - 1
         scale = ((self.hi - self.lo) / levels).clamp_min(1e-8)
         zero = torch.round(-self.lo / scale).clamp(0, levels).to(torch.int32)
+        if x.dtype == torch.float32 and not (x.requires_grad and torch.is_grad_enabled()):
+            return fake_quant_act(x, scale, zero, levels)
         return torch.fake_quantize_per_tensor_affine(x.float(), scale.float(), zero, 0, levels).to(x.dtype)
 
     def extra_repr(self) -> str:
