@@ -11,6 +11,7 @@ worker) continues with `--resume`, replaying the strategy over the stored result
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing
 import os
 import time
@@ -262,13 +263,21 @@ class Evaluator:
         return (float(np.mean([res.accuracy for res in runs])),
                 np.mean([res.exit_rates for res in runs], axis=0).tolist())
 
-    def _inherit(self, net: dict, key: str) -> tuple[float, list[float]]:
+    def keep_front(self, keys) -> None:
+        """Keep the inherited networks of the architectures `keys` (measured again: the
+        same figures), where their trials were measured with a supernet without keeping."""
+        for key in keys:
+            if self.supernet is not None and self.keep_in is not None:
+                self._inherit(json.loads(key), key, force_keep=True)
+
+    def _inherit(self, net: dict, key: str, force_keep: bool = False) -> tuple[float, list[float]]:
         """Accuracy and exit rates of `net` with the weights it inherits from the supernet
         (`nasctl.supernet.score`); its network is kept as a trained one is."""
         from .supernet.score import score
 
         seed = candidate_seed(self.cfg.seed, key)
-        keep = self._keeper(net, key, seed)
+        # with --keep-weights front, the front's networks are kept once the search ends (keep_front)
+        keep = self._keeper(net, key, seed) if self.cfg.keep_weights == "all" or force_keep else None
         result, model = score(self.supernet, net, self.dataset, self.settings, self.calibration,
                               finetune_epochs=self.cfg.finetune_epochs, seed=seed, extract=keep is not None)
         if keep is not None:
@@ -437,6 +446,7 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
             from .evaluation import kept
 
             kept.prune(store.path, {_net_key(cfg, r["arch"]) for r in front})
+            evaluator.keep_front([_net_key(cfg, r["arch"]) for r in front])
         if rows:
             from .runs import write_summary
 
@@ -474,8 +484,6 @@ def kept_in(cfg: SearchConfig, run_dir: Path) -> Path | None:
 def _net_key(cfg: SearchConfig, key: str) -> str:
     """The key of the network a trial's architecture key names (with co-search, without
     the accelerator's knobs)."""
-    import json
-
     arch = json.loads(key) if isinstance(key, str) else key
     return arch_key(CoSearchSpace.split(arch)[0] if cfg.co_search else arch)
 

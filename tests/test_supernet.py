@@ -75,7 +75,7 @@ def _space():
     return Mbv2Space.from_dict(TINY)
 
 
-def _archs(space, n=8):
+def _archs(space, n=6):
     """The smallest and largest, and sampled ones covering 4, 8 and 32 bits, exits on and off."""
     from nasctl.supernet.elastic import Supernet
 
@@ -265,6 +265,15 @@ def test_a_search_scores_candidates_on_inherited_weights_and_exports_them(traine
         again = measure(plain.eval(), _space(), arch, d, TrainSettings(threads=1))
         assert again.accuracy == r.accuracy and again.exit_rates == r.exit_rates
         assert meta["supernet"]["name"] == "sn"
+    # --keep-weights front: only the final front's networks are kept, measured again at the end
+    front_dir = tmp_path / "front"
+    res = invoke("--workspace", ws, "search", "--space", "tiny", "--dataset", data, "--accuracy", "supernet:sn",
+                 "--strategy", "random", "--budget", 5, "--run-dir", front_dir, "--keep-weights", "front", "--json")
+    assert res.exit_code == 0, res.output
+    front = json.loads(res.stdout)["front"]
+    assert sorted(p.name for p in (front_dir / "models").iterdir()) == sorted(kept.digest(r["arch"]) for r in front)
+    for r in front:
+        assert kept.read_meta(kept.folder_of(front_dir, r["arch"]))["figures"]["accuracy"] == r["accuracy"]
     trial = (with_exit or rows)[0]["trial"]
     res = invoke("--workspace", ws, "export", run_dir, "--trial", trial, "--out", tmp_path / "exp", "--json")
     assert res.exit_code == 0, res.output

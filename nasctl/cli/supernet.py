@@ -20,7 +20,7 @@ def train(
     dataset: Annotated[str, typer.Option(help="'digits', a CIFAR-10 python-batches folder or an .npz file.")]
     = "digits",
     epochs: Annotated[int, typer.Option(min=1, help="Training epochs (each step trains the largest, the smallest "
-                                                   "and --random-subnets sampled sub-networks).")] = 60,
+                                                   "and --random-subnets sampled sub-networks).")] = 10,
     name: Annotated[Optional[str], typer.Option(
         help="Name to save it under (supernets/NAME/ in the workspace). [default: the space's name]",
         show_default=False)] = None,

@@ -21,7 +21,7 @@ import torch
 from ..evaluation.train import EvalResult, TrainSettings, _threads, measure, train_network
 from .elastic import Supernet, recalibrate
 
-CALIBRATION_SAMPLES = 256  # training inputs the batch-norm statistics are recalibrated on
+CALIBRATION_SAMPLES = 128  # training inputs the batch-norm statistics are recalibrated on
 
 
 def calibration_inputs(data, seed: int, samples: int = CALIBRATION_SAMPLES) -> torch.Tensor:

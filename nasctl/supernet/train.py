@@ -37,7 +37,7 @@ from .elastic import Supernet
 
 @dataclass
 class SupernetSettings:
-    epochs: int = 60
+    epochs: int = 10
     batch_size: int = 64
     lr: float = 5e-3
     weight_decay: float = 0.01

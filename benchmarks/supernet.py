@@ -1,0 +1,220 @@
+"""Weight-sharing supernet on `ee-mbv2` with `digits`: speed of scoring a candidate, rank
+agreement with stand-alone training, and a 2,000-candidate search against the default one.
+
+1. The supernet: `nasctl supernet train` into WORKSPACE (`--epochs`, reused when it is
+   there already; its card's training time counts below).
+2. Speed: per-candidate time of `--accuracy supernet:N` (inherit, recalibrate BN, calibrate
+   exits, measure) beside 5-epoch proxy training of the same candidates, one thread each,
+   measured in interleaved rounds (candidate by candidate, both ways), the minimum over
+   `--rounds` per candidate; the median over candidates of each and their ratio.
+3. Rank agreement: Kendall tau between the supernet's figures (accuracy, each exit rate)
+   and the mean of stand-alone trainings, on two sets of 50 candidates from
+   `predictors_eenn.candidates`: "tune" (seed 1, 3 trainings each: what the recipe was
+   tuned on) and "held" (seed 2, 10 trainings each: the held-out figure).  The labels are
+   read from their caches (runs/supernet-bench/labels-*.csv, made with
+   `predictors_eenn.trainings`); a set whose caches are incomplete is skipped.
+4. With `--search`: `nasctl search --accuracy supernet:N --budget 2000` (`--strategy`,
+   journal storage, no kept weights) timed, plus the supernet's training time, against a
+   default search (`nasctl search`, seed 0; or `--default-run RUN`, its recorded wall
+   time); then every front point of the supernet search is retrained stand-alone as the
+   default search trains (5 epochs, its seed) and priced again with its new exit rates,
+   and the hypervolume of that retrained front is printed beside the default front's, at
+   the default run's reference point (`nasctl.runs`).
+
+    python benchmarks/supernet.py [--workspace runs/supernet-bench/ws] [--name bench] [--epochs 10] \\
+        [--rounds 3] [--timing 8] [--search] [--budget 2000] [--strategy random] [--default-run RUN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import predictors_eenn as pe  # noqa: E402
+
+from nasctl.predictors.metrics import kendall_tau  # noqa: E402
+from nasctl.spaces.loader import load_space  # noqa: E402
+
+LABELS = Path("runs/supernet-bench")
+SETS = {"tune": (1, 3), "held": (2, 10)}  # candidates(space, 50, seed), trainings
+
+
+def nasctl(*args, workspace=None) -> tuple[float, subprocess.CompletedProcess]:
+    cmd = [str(Path(sys.executable).parent / "nasctl")] + (["--workspace", str(workspace)] if workspace else [])
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True)
+    if res.returncode:
+        raise SystemExit(f"{' '.join(cmd + [str(a) for a in args])} failed: {res.stderr.strip()[-400:]}")
+    return time.perf_counter() - t0, res
+
+
+def supernet(args):
+    from nasctl import workspace
+    from nasctl.evaluation.datasets import load_dataset
+    from nasctl.supernet import store
+
+    args.workspace.mkdir(parents=True, exist_ok=True)
+    workspace.set_workspace(args.workspace)
+    if not (args.workspace / store.FOLDER / args.name / store.CARD).is_file():
+        print(f"training supernet '{args.name}' ({args.epochs} epochs) ...", flush=True)
+        nasctl("supernet", "train", "--space", pe.SPACE, "--epochs", args.epochs, "--name", args.name,
+               "--seed", 0, workspace=args.workspace)
+    space = load_space(pe.SPACE)
+    data = load_dataset(pe.DATASET, 0)
+    net, card = store.load(args.name, space, data, split_seed=0)
+    s = card["settings"]
+    print(f"supernet '{args.name}': {card['epochs_done']} epochs (batch {s['batch_size']}, lr {s['lr']}, "
+          f"{s['random_subnets']} random sub-networks a step, distillation {s['distill']}), trained in "
+          f"{card['train_seconds']:.0f} s")
+    return space, data, net, card
+
+
+def timing(space, data, net, args) -> None:
+    from nasctl.evaluation.train import TrainSettings, evaluate
+    from nasctl.supernet.score import calibration_inputs, score
+
+    archs = pe.candidates(space, args.timing, 3)
+    settings = TrainSettings(epochs=5, threads=1)
+    cal = calibration_inputs(data, 0)
+    best = np.full((2, len(archs)), np.inf)
+    for _ in range(args.rounds):
+        for i, arch in enumerate(archs):
+            t0 = time.perf_counter()
+            score(net, arch, data, settings, cal)
+            t1 = time.perf_counter()
+            evaluate(space, arch, data, settings, seed=0)
+            t2 = time.perf_counter()
+            best[:, i] = np.minimum(best[:, i], (t1 - t0, t2 - t1))
+    sn, proxy = np.median(best, axis=1)
+    ratios = best[1] / best[0]
+    print(f"per candidate ({len(archs)} candidates, min over {args.rounds} interleaved rounds, median over "
+          f"candidates, one thread): supernet {sn * 1e3:.0f} ms, 5-epoch proxy training {proxy:.2f} s: "
+          f"{proxy / sn:.0f}x faster (per candidate {ratios.min():.0f}x - {ratios.max():.0f}x)")
+
+
+def complete(space, archs, base: Path, count: int) -> bool:
+    from nasctl.spaces.base import arch_key
+
+    for r in range(count):
+        path = base if r == 0 else base.with_name(f"{base.stem}-r{r}{base.suffix}")
+        if not path.is_file():
+            return False
+        with path.open(newline="") as f:
+            have = {row["arch"] for row in csv.DictReader(f)}
+        if any(arch_key(a) not in have for a in archs):
+            return False
+    return True
+
+
+def agreement(space, data, net, args) -> None:
+    from types import SimpleNamespace
+
+    from nasctl.evaluation.train import TrainSettings
+    from nasctl.supernet.score import calibration_inputs, score
+
+    cal = calibration_inputs(data, 0)
+    exits = space.exit_names()
+    for label, (seed, count) in SETS.items():
+        archs = pe.candidates(space, 50, seed)
+        cache = LABELS / f"labels-{label}-e5.csv"
+        if not complete(space, archs, cache, count):
+            print(f"{label}: labels incomplete in {cache} (+ -r1 ... -r{count - 1}); skipped")
+            continue
+        rows = pe.trainings(space, archs, cache, SimpleNamespace(epochs=5, seed=0, jobs=1), 0, count)
+        results = [score(net, a, data, TrainSettings(threads=1), cal)[0] for a in archs]
+        got = np.array([r.accuracy for r in results])
+        want = np.array([float(r["accuracy"]) for r in rows])
+        line = [f"accuracy {kendall_tau(want, got):.3f}"]
+        for e in exits:
+            mine = np.array([r.exit_rates[space.active_exits(a).index(e)] if e in space.active_exits(a) else 0.0
+                             for r, a in zip(results, archs)])
+            theirs = np.array([float(r[f"exit_rate_{e}"]) for r in rows])
+            line.append(f"exit rate {e} {kendall_tau(theirs, mine):.3f} (mean {mine.mean():.2f} vs {theirs.mean():.2f})")
+        print(f"{label} set (50 candidates, labels: mean of {count} 5-epoch trainings), Kendall tau: " + ", ".join(line))
+        print(f"  mean accuracy: supernet {got.mean():.2f}%, stand-alone {want.mean():.2f}%")
+
+
+def search(args, card) -> None:
+    from nasctl import runs
+    from nasctl.config import make_config
+    from nasctl.engine import Evaluator
+    from nasctl.objectives import minimisation_matrix, pareto_front
+
+    out = args.workspace / "runs"
+    big = out / f"supernet-{args.strategy}-{args.budget}"
+    if big.exists():
+        import shutil
+
+        shutil.rmtree(big)
+    big.mkdir(parents=True)
+    wall, _ = nasctl("search", "--space", pe.SPACE, "--accuracy", f"supernet:{args.name}", "--budget", args.budget,
+                     "--strategy", args.strategy, "--keep-weights", "none", "--seed", 0,
+                     "--storage", f"journal:{big / 'study.journal'}", "--run-dir", big / "run", "--json",
+                     workspace=args.workspace)
+    if args.default_run:
+        default, default_wall = runs.load(args.default_run), args.default_wall
+    else:
+        default_wall, _ = nasctl("search", "--seed", 0, "--run-dir", out / "default", "--json")
+        default = runs.load(str(out / "default"))
+    print(f"search of {args.budget} candidates with the supernet ({args.strategy}): {wall:.0f} s + its training "
+          f"{card['train_seconds']:.0f} s = {wall + card['train_seconds']:.0f} s; the default search "
+          f"(40 candidates, proxy training): {default_wall:.0f} s")
+    found = runs.load(str(big / "run"))
+    front = pareto_front(found.feasible, found.objectives)
+    cfg = make_config(None, "setting", seed=0, keep_weights="none")  # the default search's settings
+    evaluator = Evaluator(cfg)
+    t0 = time.perf_counter()
+    retrained = []
+    for row in front:
+        arch = json.loads(row["arch"])
+        retrained.append({**evaluator(arch), "trial": row["trial"]})
+    objectives = default.objectives
+    ref = runs.reference_point(default.feasible, objectives)
+    flip = runs._flip([ref[o] for o in objectives], objectives)
+    hv_default = runs.hypervolume(minimisation_matrix(default.feasible, objectives), flip)
+    hv_found = runs.hypervolume(minimisation_matrix([r for r in retrained if r["feasible"]], objectives), flip)
+    hv_claimed = runs.hypervolume(minimisation_matrix(front, objectives), flip)
+    print(f"front of the supernet search: {len(front)} points, retrained stand-alone in {time.perf_counter() - t0:.0f} s")
+    print(f"hypervolume at the default run's reference point {ref}: default front {hv_default:.4g}, supernet "
+          f"front retrained {hv_found:.4g} ({hv_found / hv_default:.2f}x; as the supernet scored it {hv_claimed:.4g})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workspace", type=Path, default=LABELS / "ws")
+    ap.add_argument("--name", default="bench")
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--timing", type=int, default=8, help="candidates timed both ways")
+    ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--skip-tau", action="store_true")
+    ap.add_argument("--search", action="store_true")
+    ap.add_argument("--budget", type=int, default=2000)
+    ap.add_argument("--strategy", default="random")
+    ap.add_argument("--default-run", help="a default search's run folder, instead of running one")
+    ap.add_argument("--default-wall", type=float, help="its wall time in seconds (with --default-run)")
+    args = ap.parse_args()
+    if args.default_run and args.default_wall is None:
+        ap.error("--default-run needs --default-wall (its wall time in seconds)")
+    import torch
+
+    torch.set_num_threads(1)
+    space, data, net, card = supernet(args)
+    if not args.skip_timing:
+        timing(space, data, net, args)
+    if not args.skip_tau:
+        agreement(space, data, net, args)
+    if args.search:
+        search(args, card)
+
+
+if __name__ == "__main__":
+    main()
