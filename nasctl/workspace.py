@@ -119,6 +119,31 @@ def entries(folder: str) -> list[Entry]:
     return sorted(found.values(), key=lambda e: e.name)
 
 
+def card_folders(folder: str, card: str) -> list[Entry]:
+    """Every FOLDER/NAME/ holding a file `card` (a saved predictor, a supernet), first root
+    winning, by name."""
+    found: dict[str, Entry] = {}
+    for root in roots():
+        base = root.path / folder
+        if base.is_dir():
+            for p in sorted(base.iterdir()):
+                if (p / card).is_file():
+                    found.setdefault(p.name, Entry(p.name, p, root.origin))
+    return sorted(found.values(), key=lambda e: e.name)
+
+
+def find_card_folder(folder: str, card: str, name: str, what: str, none: str = "none") -> Path:
+    """The folder of `what` `name`: a workspace name (see `card_folders`) or a folder path
+    holding `card`; a one-line UsageError listing the known ones (`none` where there are none)."""
+    if (Path(name) / card).is_file():
+        return Path(name)
+    entries = card_folders(folder, card)
+    for e in entries:
+        if e.name == name:
+            return e.path
+    raise UsageError(f"unknown {what} '{name}'; known: {', '.join(e.name for e in entries) or none}")
+
+
 def find(folder: str, name: str, what: str) -> Path:
     """Path of entry `name`; or `name` itself if it is a YAML file path, or its spec.yaml if
     it is the path (with a folder separator in it) of a folder holding one."""

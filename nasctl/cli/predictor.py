@@ -12,7 +12,7 @@ from rich.table import Table
 
 from .. import workspace
 from ..errors import UsageError
-from .render import err, out, print_json
+from .render import err, out, print_json, print_rows
 
 app = typer.Typer(no_args_is_help=True,
                   help="Accuracy predictors: train one on measured architectures, predict, evaluate, list, show.")
@@ -196,12 +196,7 @@ def list_predictors(as_json: Annotated[bool, typer.Option("--json", help="Print 
         rows.append({"name": s.name, "model": card.get("model"), "space": card.get("space"),
                      "target": ",".join(card.get("target") or []), "rows": (card.get("data") or {}).get("rows"),
                      "origin": s.origin, "path": str(s.path)})
-    if as_json:
-        return print_json(rows)
-    table = Table("name", "model", "space", "target", "rows", "origin", "path")
-    for r in rows:
-        table.add_row(*(str(r[k]) for k in ("name", "model", "space", "target", "rows", "origin", "path")))
-    out.print(table)
+    print_rows(rows, {k: k for k in ("name", "model", "space", "target", "rows", "origin", "path")}, as_json)
 
 
 @app.command("show")

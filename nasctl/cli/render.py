@@ -18,3 +18,15 @@ err = Console(stderr=True)
 
 def print_json(doc) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def print_rows(rows: list[dict], columns: dict[str, str], as_json: bool) -> None:
+    """Rows as JSON (a list) or as a table: `columns` maps each key to its heading."""
+    if as_json:
+        return print_json(rows)
+    from rich.table import Table
+
+    table = Table(*columns.values())
+    for r in rows:
+        table.add_row(*(str(r[k]) for k in columns))
+    out.print(table)

@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
-
-from .render import err, out, print_json
+from .render import err, out, print_json, print_rows
 
 app = typer.Typer(no_args_is_help=True,
                   help="Weight-sharing supernets: train one network holding every architecture of a space, "
@@ -88,12 +86,8 @@ def list_supernets(as_json: Annotated[bool, typer.Option("--json", help="Print J
         rows.append({"name": s.name, "space": card["space"], "dataset": card["dataset"].get("name"),
                      "split_seed": card["dataset"].get("split_seed"), "epochs": card.get("epochs_done"),
                      "origin": s.origin, "path": str(s.path)})
-    if as_json:
-        return print_json(rows)
-    table = Table("name", "space", "dataset", "split seed", "epochs", "origin", "path")
-    for r in rows:
-        table.add_row(*(str(r[k]) for k in ("name", "space", "dataset", "split_seed", "epochs", "origin", "path")))
-    out.print(table)
+    print_rows(rows, {"name": "name", "space": "space", "dataset": "dataset", "split_seed": "split seed",
+                      "epochs": "epochs", "origin": "origin", "path": "path"}, as_json)
 
 
 @app.command("show")

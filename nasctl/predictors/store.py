@@ -25,25 +25,12 @@ class Saved:
 
 def saved() -> list[Saved]:
     """Every saved predictor, first root winning."""
-    found: dict[str, Saved] = {}
-    for root in workspace.roots():
-        base = root.path / FOLDER
-        if base.is_dir():
-            for p in sorted(base.iterdir()):
-                if (p / CARD).is_file():
-                    found.setdefault(p.name, Saved(p.name, p, root.origin))
-    return sorted(found.values(), key=lambda s: s.name)
+    return [Saved(e.name, e.path, e.origin) for e in workspace.card_folders(FOLDER, CARD)]
 
 
 def find(name: str) -> Path:
     """The folder of predictor `name` (a workspace name, or a folder holding a card.yaml)."""
-    if (Path(name) / CARD).is_file():
-        return Path(name)
-    for s in saved():
-        if s.name == name:
-            return s.path
-    known = ", ".join(s.name for s in saved()) or "none"
-    raise UsageError(f"unknown predictor '{name}'; known: {known}")
+    return workspace.find_card_folder(FOLDER, CARD, name, "predictor")
 
 
 def read_card(folder: Path) -> dict:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import workspace
@@ -39,33 +38,15 @@ def spec_hash(space) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True)
-class Saved:
-    name: str
-    path: Path
-    origin: str
-
-
-def saved() -> list[Saved]:
-    """Every saved supernet (a folder with a card), first workspace root winning."""
-    found: dict[str, Saved] = {}
-    for root in workspace.roots():
-        base = root.path / FOLDER
-        if base.is_dir():
-            for p in sorted(base.iterdir()):
-                if (p / CARD).is_file():
-                    found.setdefault(p.name, Saved(p.name, p, root.origin))
-    return sorted(found.values(), key=lambda s: s.name)
+def saved() -> list:
+    """Every saved supernet (a folder with a card) as workspace entries (name, path, origin),
+    first workspace root winning."""
+    return workspace.card_folders(FOLDER, CARD)
 
 
 def find(name: str) -> Path:
-    if (Path(name) / CARD).is_file():
-        return Path(name)
-    for s in saved():
-        if s.name == name:
-            return s.path
-    known = ", ".join(s.name for s in saved()) or "none (train one with `nasctl supernet train`)"
-    raise UsageError(f"unknown supernet '{name}'; known: {known}")
+    return workspace.find_card_folder(FOLDER, CARD, name, "supernet",
+                                      none="none (train one with `nasctl supernet train`)")
 
 
 def read_card(folder: Path) -> dict:

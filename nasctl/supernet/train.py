@@ -32,20 +32,20 @@ import torch
 import torch.nn.functional as F
 
 from ..evaluation.datasets import Dataset
+from ..evaluation.train import TrainSettings
 from .elastic import Supernet
 
 
 @dataclass
-class SupernetSettings:
+class SupernetSettings(TrainSettings):
+    """Proxy training's settings (batch size, learning rate, weight decay, exit weight, ...)
+    and the supernet's own."""
+
     epochs: int = 10
-    batch_size: int = 64
-    lr: float = 5e-3
-    weight_decay: float = 0.01
-    exit_weight: float = 1.0
+    threads: Optional[int] = 1
     random_subnets: int = 2      # sampled sub-networks per step besides the largest and smallest
     distill: float = 0.5         # α: the share of a smaller sub-network's loss from the largest one
     warmup_epochs: int = 2       # epochs training only the largest sub-network
-    threads: Optional[int] = 1
 
     def as_dict(self) -> dict:
         return asdict(self)
