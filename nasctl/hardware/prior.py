@@ -13,7 +13,7 @@ kernel costs plus a non-negative correction in one of `fit.py`'s kernel grouping
 (`kernels`, `types`, `types-shared`; per kernel type a cost per unit of work and per
 layer), solved by least squares on relative errors.  The correction is held back by a
 ridge penalty on its (scale-free) coefficients.  How much to trust the prior is chosen by
-cross-validation on the measured models alone (leave one out up to 20 models, 10 folds
+cross-validation on the measured models alone (at least 3; leave one out up to 20, 10 folds
 above), among
 
   prior             the combination and an overhead only (no correction): a handful of
@@ -43,6 +43,7 @@ from .layers import LayerSpec
 from .lut import LutDevice, layer_from_row, read_lut, row_from_layer
 
 TRUSTS = (1.0, 0.1, 0.01, 0.001)  # ridge penalties of the correction tried, strongest first
+MIN_MODELS = 3  # fewest measured models a prior fit cross-validates
 
 
 def prior_costs(device: CostModel, kernels: Sequence[LayerSpec], strict: bool = True) -> np.ndarray:
@@ -110,6 +111,9 @@ def fit_with_prior(name: str, layer_lists: Sequence[Sequence[LayerSpec]], latenc
     y = checked_latencies(layer_lists, latency_ms)
     if not priors:
         raise UsageError("a prior needs at least one device")
+    if len(y) < MIN_MODELS:
+        raise UsageError(f"{len(y)} measured models are too few to fit with a prior: it needs at least {MIN_MODELS} "
+                         f"(the trust in it is chosen by cross-validation on them)")
     if grouping is not None and grouping not in GROUPINGS:
         raise UsageError(f"unknown grouping '{grouping}'; allowed: {', '.join(GROUPINGS)}")
     groupings = [grouping] if grouping else list(GROUPINGS)
@@ -123,15 +127,15 @@ def fit_with_prior(name: str, layer_lists: Sequence[Sequence[LayerSpec]], latenc
     features = counts @ costs
 
     candidates = [_Candidate("prior", features, np.zeros((len(y), 0)), 0.0, None)]
+    without = []  # no prior, where the models are enough to fit from scratch: tried last (ties go to the prior)
+    scratch = feasible_groupings(layer_lists, len(y))
     for g in groupings:
         grp = _Grouping.make(g, layer_lists)
-        G = np.array([grp.columns(layers) for layers in layer_lists])[:, :-1]
+        G = np.array([grp.columns(layers) for layers in layer_lists])[:, :-1]  # intercept left to the candidate
         candidates += [_Candidate(f"prior+{g}@{lam:g}", features, G, lam, grp) for lam in TRUSTS]
-    scratch = [g for g in feasible_groupings(layer_lists, len(y)) if g in groupings]
-    for g in scratch:
-        grp = _Grouping.make(g, layer_lists)
-        candidates.append(_Candidate(f"none+{g}", np.zeros((len(y), 0)),
-                                     np.array([grp.columns(layers) for layers in layer_lists])[:, :-1], 0.0, grp))
+        if g in scratch:
+            without.append(_Candidate(f"none+{g}", np.zeros((len(y), 0)), G, 0.0, grp))
+    candidates += without
     folds = len(y) if len(y) <= 20 else 10
     errors = {c.label: round(cv_rms_error(c.A, y, c.solve, folds=folds), 3) for c in candidates}
     best = min(candidates, key=lambda c: errors[c.label])

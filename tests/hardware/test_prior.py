@@ -137,6 +137,11 @@ def test_a_prior_that_cannot_price_the_kernels_is_named(priors, how):
         fit_with_prior("new", *train, [priors[0], _Broken("odd", how)])
 
 
+def test_two_models_are_too_few_even_with_a_prior(priors):
+    with pytest.raises(UsageError, match="2 measured models are too few"):
+        fit_with_prior("new", *models(2, 9, COST_A), priors)
+
+
 def test_a_prior_table_without_the_models_kernel_types_is_named(tmp_path):
     only_linear = table_device(tmp_path, "linear-only", [0.01], kernels=[POOL[-1]])
     with pytest.raises(UsageError, match="prior device 'linear-only' cannot price.*conv"):
