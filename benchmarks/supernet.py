@@ -15,14 +15,14 @@ agreement with stand-alone training, and a 2,000-candidate search against the de
    `predictors_eenn.trainings`); a set whose caches are incomplete is skipped.
 4. With `--search`: `nasctl search --accuracy supernet:N --budget 2000` (`--strategy`,
    journal storage, no kept weights) timed, plus the supernet's training time, against a
-   default search (`nasctl search`, seed 0; or `--default-run RUN`, its recorded wall
+   default search (`nasctl search`, seed 0; or `--default-json FILE`, its recorded wall
    time); then every front point of the supernet search is retrained stand-alone as the
    default search trains (5 epochs, its seed) and priced again with its new exit rates,
    and the hypervolume of that retrained front is printed beside the default front's, at
    the default run's reference point (`nasctl.runs`).
 
     python benchmarks/supernet.py [--workspace runs/supernet-bench/ws] [--name bench] [--epochs 10] \\
-        [--rounds 3] [--timing 8] [--search] [--budget 2000] [--strategy random] [--default-run RUN]
+        [--rounds 3] [--timing 8] [--search] [--budget 2000] [--strategy nsga2] [--default-json FILE]
 """
 
 from __future__ import annotations
@@ -114,6 +114,25 @@ def complete(space, archs, base: Path, count: int) -> bool:
     return True
 
 
+def partial(archs, base: Path, count: int):
+    """Each candidate's columns averaged over the cache files that hold every candidate
+    (no training); (rows, how many files) or (None, 0)."""
+    from nasctl.spaces.base import arch_key
+
+    runs = []
+    for r in range(count):
+        path = base if r == 0 else base.with_name(f"{base.stem}-r{r}{base.suffix}")
+        if path.is_file():
+            with path.open(newline="") as f:
+                have = {row["arch"]: row for row in csv.DictReader(f)}
+            if all(arch_key(a) in have for a in archs):
+                runs.append([have[arch_key(a)] for a in archs])
+    if not runs:
+        return None, 0
+    return [{c: (str(np.mean([float(run[i][c]) for run in runs])) if runs[0][i][c] else "")
+             for c in runs[0][i] if c != "arch"} for i in range(len(archs))], len(runs)
+
+
 def agreement(space, data, net, args) -> None:
     from types import SimpleNamespace
 
@@ -125,10 +144,18 @@ def agreement(space, data, net, args) -> None:
     for label, (seed, count) in SETS.items():
         archs = pe.candidates(space, 50, seed)
         cache = LABELS / f"labels-{label}-e5.csv"
-        if not complete(space, archs, cache, count):
-            print(f"{label}: labels incomplete in {cache} (+ -r1 ... -r{count - 1}); skipped")
+        if complete(space, archs, cache, count):
+            rows = pe.trainings(space, archs, cache, SimpleNamespace(epochs=5, seed=0, jobs=1), 0, count)
+        elif args.partial:
+            rows, count = partial(archs, cache, count)
+            if rows is None:
+                print(f"{label}: no complete training in {cache}; skipped")
+                continue
+            count = f"the {count} finished (of {SETS[label][1]})"
+        else:
+            print(f"{label}: labels incomplete in {cache} (+ -r1 ... -r{count - 1}); skipped (--partial: "
+                  "use the trainings finished so far)")
             continue
-        rows = pe.trainings(space, archs, cache, SimpleNamespace(epochs=5, seed=0, jobs=1), 0, count)
         results = [score(net, a, data, TrainSettings(threads=1), cal)[0] for a in archs]
         got = np.array([r.accuracy for r in results])
         want = np.array([float(r["accuracy"]) for r in rows])
@@ -159,8 +186,9 @@ def search(args, card) -> None:
                      "--strategy", args.strategy, "--keep-weights", "none", "--seed", 0,
                      "--storage", f"journal:{big / 'study.journal'}", "--run-dir", big / "run", "--json",
                      workspace=args.workspace)
-    if args.default_run:
-        default, default_wall = runs.load(args.default_run), args.default_wall
+    if args.default_json:  # a default search run beforehand: its `nasctl search --json` document
+        doc = json.loads(Path(args.default_json).read_text())
+        default, default_wall = runs.load(doc["run_dir"]), float(doc["timings"]["total_s"])
     else:
         default_wall, _ = nasctl("search", "--seed", 0, "--run-dir", out / "default", "--json")
         default = runs.load(str(out / "default"))
@@ -196,14 +224,14 @@ def main() -> None:
     ap.add_argument("--timing", type=int, default=8, help="candidates timed both ways")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--skip-tau", action="store_true")
+    ap.add_argument("--partial", action="store_true",
+                    help="a label set whose trainings are unfinished: use the cache files that are complete")
     ap.add_argument("--search", action="store_true")
     ap.add_argument("--budget", type=int, default=2000)
-    ap.add_argument("--strategy", default="random")
-    ap.add_argument("--default-run", help="a default search's run folder, instead of running one")
-    ap.add_argument("--default-wall", type=float, help="its wall time in seconds (with --default-run)")
+    ap.add_argument("--strategy", default="nsga2")
+    ap.add_argument("--default-json", help="the `nasctl search --seed 0 --json` output of a default search run "
+                                           "beforehand, instead of running one")
     args = ap.parse_args()
-    if args.default_run and args.default_wall is None:
-        ap.error("--default-run needs --default-wall (its wall time in seconds)")
     import torch
 
     torch.set_num_threads(1)
