@@ -11,10 +11,13 @@ with `compare`: the same measurements for both, so the measuring noise is shared
 prints each figure, their differences, and the machine's load against each profile.
 
     python benchmarks/bundle.py [--workspace DIR] [--kernels N] [--seed S] [--rounds R] [--profile-first]
-                                [--json FILE]
+                                [--reuse] [--control] [--json FILE]
 
 DIR defaults to runs/bundle-bench (git-ignored); the virtual environment is kept there
-(DIR/target-venv) and reused.
+(DIR/target-venv) and reused.  `--reuse` keeps the devices of a previous run; `--control`
+profiles once more (device `profiled-again`) and prices the zoo with it too: how far two
+`hw profile` devices of the same networks measured minutes apart are from each other,
+the noise floor the bundle device's difference is to be read against.
 """
 
 from __future__ import annotations
@@ -68,15 +71,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="seed of the context networks (both devices)")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
     ap.add_argument("--profile-first", action="store_true", help="run hw profile before the bundle's runner")
+    ap.add_argument("--reuse", action="store_true", help="keep the devices a previous run of this script wrote")
+    ap.add_argument("--control", action="store_true", help="profile once more (device 'profiled-again'): how far "
+                    "two hw profile devices of the same networks are apart")
     ap.add_argument("--json", type=Path, help="also write the full result as JSON here")
     args = ap.parse_args()
     ws = args.workspace
     ws.mkdir(parents=True, exist_ok=True)
     (ws / "pyproject.toml").write_text("[tool.nasctl]\n", encoding="utf-8")
-    python = target_python(ws / "target-venv")
     bundle = ws / "bundle"
-    shutil.rmtree(bundle, ignore_errors=True)
-    seconds = {}
+    seconds, written = {}, None
 
     def timed(what, f):
         t0 = time.perf_counter()
@@ -85,24 +89,29 @@ def main() -> None:
         print(f"  {what}: {seconds[what]:.0f} s", flush=True)
         return result
 
-    written = timed("bundle", lambda: nasctl(ws, "hw", "bundle", "--out", bundle, "--kernels", args.kernels,
-                                             "--seed", args.seed))
-    print(f"  bundle {written['id']}: {written['networks']} networks, {written['kernels']} kernels, "
-          f"{written['megabytes']:.0f} MB")
-
-    def run_bundle():
-        cmd = [str(python), str(bundle / "runner.py"), "--rounds", str(args.rounds)]
-        print("$ " + " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
-        return nasctl(ws, "hw", "fit", "--device", "from-bundle", "--bundle-results", bundle / "results.csv")
-
-    def profile():
-        return nasctl(ws, "hw", "profile", "--device", "profiled", "--kernels", args.kernels, "--seed", args.seed,
+    def profile(name):
+        return nasctl(ws, "hw", "profile", "--device", name, "--kernels", args.kernels, "--seed", args.seed,
                       "--rounds", args.rounds)
 
-    steps = [("profile", profile), ("runner + fit", run_bundle)]
-    for what, step in (steps if args.profile_first else steps[::-1]):
-        timed(what, step)
+    if not args.reuse:
+        python = target_python(ws / "target-venv")
+        shutil.rmtree(bundle, ignore_errors=True)
+        written = timed("bundle", lambda: nasctl(ws, "hw", "bundle", "--out", bundle, "--kernels", args.kernels,
+                                                 "--seed", args.seed))
+        print(f"  bundle {written['id']}: {written['networks']} networks, {written['kernels']} kernels, "
+              f"{written['megabytes']:.0f} MB")
+
+        def run_bundle():
+            cmd = [str(python), str(bundle / "runner.py"), "--rounds", str(args.rounds)]
+            print("$ " + " ".join(cmd), flush=True)
+            subprocess.run(cmd, check=True)
+            return nasctl(ws, "hw", "fit", "--device", "from-bundle", "--bundle-results", bundle / "results.csv")
+
+        steps = [("profile", lambda: profile("profiled")), ("runner + fit", run_bundle)]
+        for what, step in (steps if args.profile_first else steps[::-1]):
+            timed(what, step)
+    if args.control:
+        timed("profile again", lambda: profile("profiled-again"))
 
     from nasctl import workspace
     from nasctl.hardware.loader import load_device
@@ -110,29 +119,35 @@ def main() -> None:
     from nasctl.hardware.zoo import export_zoo
 
     workspace.set_workspace(ws)
-    profiled, from_bundle = load_device("profiled"), load_device("from-bundle")
+    names = {"hw profile": "profiled", "bundle": "from-bundle"}
+    if args.control or (ws / "hardware" / "profiled-again").is_dir():
+        names["hw profile again"] = "profiled-again"
+    devices = [load_device(n) for n in names.values()]
     paths = export_zoo(ws / "zoo")
-    doc = timed("zoo", lambda: validate_models(profiled, paths, rounds=args.rounds, compare=[from_bundle]))
-    other = doc["compared"][0]
-    print(f"\n{'model':<28}{'measured ms':>13}{'hw profile':>12}{'bundle':>9}")
-    for a, b in zip(doc["models"], other["models"]):
-        print(f"{a['model']:<28}{a['measured_ms']:>13.3f}{a['error_pct']:>+11.1f}%{b['error_pct']:>+8.1f}%")
+    doc = timed("zoo", lambda: validate_models(devices[0], paths, rounds=args.rounds, compare=devices[1:]))
+    docs = dict(zip(names, [doc, *doc["compared"]]))
+    print(f"\n{'model':<28}{'measured ms':>13}" + "".join(f"{w:>18}" for w in names))
+    for i, r in enumerate(doc["models"]):
+        print(f"{r['model']:<28}{r['measured_ms']:>13.3f}" + "".join(f"{d['models'][i]['error_pct']:>+17.1f}%"
+                                                                    for d in docs.values()))
     figures = {}
     print()
-    for what, d in (("hw profile device", doc), ("bundle device", other)):
+    for what, d in docs.items():
         s = d["summary"]
-        print(summary_line(f"{s['models']} zoo models, {what}", s))
+        print(summary_line(f"{s['models']} zoo models, {what} device", s))
         adjusted = load_adjusted(d["models"], s)
-        print_load_adjusted(f"  {what}", adjusted)
+        print_load_adjusted(f"  {what} device", adjusted)
         figures[what] = {**s, "load_adjusted": adjusted}
-    a, b = figures["hw profile device"], figures["bundle device"]
-    print(f"\nbundle - hw profile: {(b['within_10pct'] - a['within_10pct']) * 100:+.1f} points within ±10%, "
-          f"{(b['within_5pct'] - a['within_5pct']) * 100:+.1f} points within ±5%, "
-          f"RMS error {b['rms_error_pct'] - a['rms_error_pct']:+.2f} points")
-    if a["load_adjusted"] and b["load_adjusted"]:
-        print(f"load-adjusted: {(b['load_adjusted']['within_10pct'] - a['load_adjusted']['within_10pct']) * 100:+.1f} "
-              f"points within ±10%; the machine ran at {a['load_adjusted']['factor']:.3f}x the profile's reference "
-              f"times and {b['load_adjusted']['factor']:.3f}x the runner's")
+    a = figures["hw profile"]
+    for what, b in list(figures.items())[1:]:
+        print(f"\n{what} - hw profile: {(b['within_10pct'] - a['within_10pct']) * 100:+.1f} points within ±10%, "
+              f"{(b['within_5pct'] - a['within_5pct']) * 100:+.1f} points within ±5%, "
+              f"RMS error {b['rms_error_pct'] - a['rms_error_pct']:+.2f} points")
+        if a["load_adjusted"] and b["load_adjusted"]:
+            gap = (b["load_adjusted"]["within_10pct"] - a["load_adjusted"]["within_10pct"]) * 100
+            print(f"  load-adjusted: {gap:+.1f} points within ±10%; the machine ran at "
+                  f"{a['load_adjusted']['factor']:.3f}x the hw profile device's reference times and "
+                  f"{b['load_adjusted']['factor']:.3f}x the {what} device's")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "seconds": seconds,
                                          "bundle": written, "figures": figures, "zoo": doc}, indent=2),
