@@ -17,7 +17,7 @@ def bundle(
     out_dir: Annotated[Path, typer.Option("--out", help="Folder to write the bundle into (new or empty).",
                                           show_default=False)],
     kernels: Annotated[int, typer.Option(min=20, help="Kernels to measure (in context networks), as "
-                                         "`hw profile --kernels`; about 0.15 MB a kernel.")] = 5000,
+                                         "`hw profile --kernels`; about 0.2 MB a kernel.")] = 5000,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the random context networks (as `hw profile --seed`).")]
     = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
