@@ -22,7 +22,11 @@ above), among
   none+G            no prior: `fit_from_models` with grouping G, where the models are
                     enough to fit it from scratch (`feasible_groupings`).
 
-The least CV error wins; a prior that does not help a device loses to `none`.  The result
+The least CV error wins, except that a prior is trusted over a fit from scratch only where
+it at least halves the best `none` candidate's CV error (MARGIN): with a dozen prior
+candidates against one to three without, the least of theirs is the luckier draw, and
+on a few models a narrow win does not price unmeasured ones better.  A prior that does
+not help a device loses to `none`.  The result
 is a normal `kind: lut` device (`fit.write_device`): its table holds every distinct
 kernel of the measured models and of the `lut` priors' tables (where every prior prices
 it), each at its fitted cost, and its `fit.prior` records the prior devices, their
@@ -44,6 +48,7 @@ from .lut import LutDevice, layer_from_row, read_lut, row_from_layer
 
 TRUSTS = (1.0, 0.1, 0.01, 0.001)  # ridge penalties of the correction tried, strongest first
 MIN_MODELS = 3  # fewest measured models a prior fit cross-validates
+MARGIN = 2.0  # the prior is kept over a fit from scratch only where it divides its CV error by this (or more)
 
 
 def prior_costs(device: CostModel, kernels: Sequence[LayerSpec], strict: bool = True) -> np.ndarray:
@@ -127,7 +132,7 @@ def fit_with_prior(name: str, layer_lists: Sequence[Sequence[LayerSpec]], latenc
     features = counts @ costs
 
     candidates = [_Candidate("prior", features, np.zeros((len(y), 0)), 0.0, None)]
-    without = []  # no prior, where the models are enough to fit from scratch: tried last (ties go to the prior)
+    without = []  # no prior, where the models are enough to fit from scratch: tried last
     scratch = feasible_groupings(layer_lists, len(y))
     for g in groupings:
         grp = _Grouping.make(g, layer_lists)
@@ -138,7 +143,10 @@ def fit_with_prior(name: str, layer_lists: Sequence[Sequence[LayerSpec]], latenc
     candidates += without
     folds = len(y) if len(y) <= 20 else 10
     errors = {c.label: round(cv_rms_error(c.A, y, c.solve, folds=folds), 3) for c in candidates}
-    best = min(candidates, key=lambda c: errors[c.label])
+    best = min(candidates[:len(candidates) - len(without)], key=lambda c: errors[c.label])
+    scratch_best = min(without, key=lambda c: errors[c.label], default=None)
+    if scratch_best is not None and errors[scratch_best.label] < MARGIN * errors[best.label]:
+        best = scratch_best  # the prior must at least halve the error of fitting without it
     names = [d.name for d in priors]
     record = {"devices": names, "trust": best.label, "cv": "leave one out" if folds == len(y) else f"{folds}-fold",
               "cv_rms_error_pct": errors}
