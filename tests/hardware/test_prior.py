@@ -9,7 +9,7 @@ from nasctl.hardware.base import CostModel, LayerCost
 from nasctl.hardware.fit import FittedDevice, _spec, fit_from_models, write_device
 from nasctl.hardware.layers import LayerSpec
 from nasctl.hardware.lut import LutDevice, row_from_layer
-from nasctl.hardware.prior import fit_with_prior
+from nasctl.hardware.prior import MARGIN, fit_with_prior
 from tests.cli.cli_helpers import invoke, one_line_error
 
 
@@ -102,6 +102,25 @@ def test_unrelated_priors_are_not_trusted(tmp_path):
     assert rel_error(fitted.device(), *test) <= 1.1 * without + 0.005
     prior = fitted.spec["fit"]["prior"]
     assert prior["trust"].startswith("none") or max(prior["weights"].values()) < 0.1, prior
+
+
+def test_the_prior_is_kept_only_where_it_halves_the_error_of_fitting_without_it(priors, tmp_path):
+    """Where the models are enough to fit from scratch, a prior candidate wins only with at
+    most 1/MARGIN of the best no-prior CV error; otherwise the best no-prior fit is kept."""
+    truth = MIX[0] * COST_A + MIX[1] * COST_B
+    unrelated = [table_device(tmp_path, "noise-0", np.random.default_rng(50).uniform(0.001, 0.1, len(POOL) + 1))]
+    trusts = []
+    for devices, noise in ((priors, 0.0), (priors, 0.05), (unrelated, 0.02)):
+        record = fit_with_prior("new", *models(20, 9, truth, noise=noise), devices).spec["fit"]["prior"]
+        errors = record["cv_rms_error_pct"]
+        with_prior = min(e for label, e in errors.items() if not label.startswith("none"))
+        without = min(e for label, e in errors.items() if label.startswith("none"))
+        if record["trust"].startswith("none"):
+            assert errors[record["trust"]] == without < MARGIN * with_prior, record
+        else:
+            assert errors[record["trust"]] == with_prior and without >= MARGIN * with_prior, record
+        trusts.append(record["trust"].split("+")[0].split("@")[0])
+    assert trusts[0] == "prior"  # an exact mix of the priors: the prior is far better than fitting from scratch
 
 
 def test_the_written_device_loads_and_records_the_prior(priors, tmp_path):
