@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..hardware.measure.runner import sha256_of
 
 MODELS = "models"
 WEIGHTS = "model.pt"
@@ -41,12 +42,8 @@ def folder_of(run_dir: Path, arch_key: str) -> Path:
     return Path(run_dir) / MODELS / digest(arch_key)
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+# a file's SHA-256: the profiling bundle's runner (which needs nasctl for nothing) holds the one implementation
+sha256 = sha256_of
 
 
 def save(folder: Path, state_dict: dict, meta: dict[str, Any]) -> Path:
