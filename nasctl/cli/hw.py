@@ -199,6 +199,11 @@ def fit(
         r, where = fitted.report, fitted.spec["measurement"]["machine"].get("cpu")
         out.print(f"Measured on {where}: {r['networks']} context networks, reproduced with an RMS error of "
                   f"{r['networks_rms_error_pct']:.1f}% ({r['networks_within_10pct'] * 100:.0f}% within ±10%).")
+        q = fitted.spec["measurement"].get("int8_fusion")
+        if q:
+            out.print(f"int8 kernels fused or dequantized as onnxruntime {q['onnxruntime']} ran them there: "
+                      f"{q['told_by_target']} of {q['int8_kernels']} told by its profile, "
+                      f"{q['changed_by_target']} labelled otherwise than in the bundle.")
     if "calibration" in f:
         out.print(f"Calibrated against {f['calibration']['models']} models: RMS error "
                   f"{f['calibration']['rms_error_pct']:.1f}%.")

@@ -69,7 +69,7 @@ def write_rows(path, table, recount=True):
     """Write CSV rows, with the end row counting them again (an edit the runner's count
     alone would not catch)."""
     if recount:
-        table = [*table[:-1], ["end", "", "", "", str(len(table) - 2), ""]]
+        table = [*table[:-1], ["end", "", "", "", str(len(table) - 2), *[""] * (len(table[0]) - 5)]]
     with open(path, "w", newline="") as f:
         csv.writer(f).writerows(table)
     return path
@@ -158,7 +158,7 @@ def meta_set(key, value):
     (without(lambda r: r[0] == "node" and r[2] == "net0000.onnx" and r[3].startswith("k2:")), "node times"),
     (without(lambda r: r[0] == "latency" and r[2] == "ref1.onnx"), "unexpected 'node' row for ref1.onnx"),
     (without(lambda r: r[0] == "alone"), "timed alone, is missing"),
-    (meta_set("results_format", "2"), "results format '2'"),
+    (meta_set("results_format", "3"), "results format '3'"),
     (meta_set("bundle_format", "0"), "(format 0)"),
     (meta_set("bundle_id", "0123456789abcdef"), "results of bundle '0123456789abcdef'"),
     (meta_set("runner_sha256", "0" * 64), "runner.py other than"),
@@ -196,6 +196,20 @@ def test_bad_results_files_are_one_line(measured, tmp_path):
     one_line(fit(lonely / "results.csv"), "no bundle.json beside it")
     one_line(invoke("--workspace", ws, "hw", "fit", "--device", "t", "--bundle-results", folder / "results.csv",
                     "--lut", lut), "--bundle-results FILE goes alone")
+
+
+def test_results_of_an_older_runner_are_one_line(measured, tmp_path):
+    """Results format 1 (no op types: the fusion of int8 kernels on the target untold)."""
+    folder, _ = measured
+    ws = tmp_path / "ws"
+    ws.mkdir()
+
+    def older(table):
+        return [r[:6] if not (r[0] == "meta" and r[3] == "results_format") else [*r[:4], "1", ""] for r in table]
+
+    one_line(invoke("--workspace", ws, "hw", "fit", "--device", "t", "--bundle-results",
+                    edited(folder, tmp_path, older)), "results format '1'; this nasctl reads format 2")
+    assert not (ws / "hardware" / "t").exists()
 
 
 def test_results_of_another_bundle_or_an_edited_bundle_are_one_line(measured, tmp_path):
@@ -246,3 +260,82 @@ def test_bundle_needs_a_new_folder(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x.txt").write_text("x")
     one_line(invoke("hw", "bundle", "--out", tmp_path / "full", "--kernels", 20), "exists and is not an empty folder")
+
+
+# --- int8 kernels: fused or dequantized as the target ran them ----------------------------
+
+@pytest.fixture(scope="module")
+def int8_measured(tmp_path_factory):
+    """A bundle of one int8 network (a 5x5 conv, global average pooling, a linear layer,
+    all fused into integer kernels by this onnxruntime), measured in this process."""
+    from nasctl.hardware.measure.runner import Protocol, run_bundle
+
+    folder = tmp_path_factory.mktemp("int8") / "bundle"
+    write_bundle(folder, kernels=3, seed=25)
+    run_bundle(folder, Protocol(rounds=2, repeats=1), folder / "results.csv")
+    return folder
+
+
+def test_int8_kernels_are_labelled_as_the_target_ran_them(int8_measured, tmp_path):
+    from nasctl.hardware.measure.bundle import fit_bundle_results
+
+    folder = int8_measured
+    doc = json.loads((folder / BUNDLE_FILE).read_text())
+    layers = doc["networks"][0]["layers"]
+    assert [(r["op"], r["w_bits"], r["dequantized"]) for r in layers] == [("conv", 8, 0), ("pool", 8, 0),
+                                                                          ("linear", 8, 0)]
+    table = rows(folder / "results.csv")
+    ops = {r[3]: r[6] for r in table if r[0] == "node" and r[2] == "net0000.onnx"}
+    assert "QLinearConv" in ops.values() and ops["k3:gemm_4"] == "QGemm"
+    # unchanged results: the bundle's labels, each told by the target's profile
+    fitted = fit_bundle_results("same", folder / "results.csv")
+    assert [r["dequantized"] for r in fitted.rows] == [0, 0, 0]
+    fusion = fitted.spec["measurement"]["int8_fusion"]
+    assert fusion["int8_kernels"] == 3 and fusion["told_by_target"] == 3 and fusion["changed_by_target"] == 0
+    assert fusion["onnxruntime"] == fusion["bundle_onnxruntime"] == doc["onnxruntime"]
+
+    # The target ran the conv dequantized: a float Conv between the quantization nodes.
+    def dequantized_conv(table):
+        out = []
+        for r in table:
+            if r[0] == "node" and r[6] == "QLinearConv":
+                r = [*r[:3], "k1:conv_0", *r[4:6], "Conv"]
+            out.append(r)
+        return out
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = invoke("--workspace", ws, "hw", "fit", "--device", "target", "--bundle-results",
+                    edited(folder, tmp_path, dequantized_conv))
+    assert result.exit_code == 0, result.output
+    assert "3 of 3 told by its profile, 1 labelled otherwise than in the bundle" in result.stdout
+    header, *lut = rows(ws / "hardware" / "target" / "lut.csv")
+    flag = {r[header.index("op")]: r[header.index("dequantized")] for r in lut}
+    assert flag == {"conv": "1", "pool": "0", "linear": "0"}
+    shown = json.loads(invoke("--workspace", ws, "hw", "show", "target", "--json").stdout)
+    fusion = shown["measurement"]["int8_fusion"]
+    assert fusion["changed_by_target"] == 1 and fusion["now_dequantized"] == 1 and fusion["now_fused"] == 0
+
+    # where the target's profile cannot tell (no op type recorded), the bundle's label stays
+    blank = lambda table: [[*r[:6], ""] if r[0] == "node" and r[3].startswith("k1:") else r for r in table]
+    (tmp_path / "blank").mkdir()
+    kept = fit_bundle_results("kept", edited(folder, tmp_path / "blank", blank))
+    assert [r["dequantized"] for r in kept.rows] == [0, 0, 0]
+    assert kept.spec["measurement"]["int8_fusion"]["told_by_target"] == 2
+
+
+def test_fusion_is_read_from_the_op_types_of_each_kernel_tag():
+    from nasctl.hardware.layers import LayerSpec
+    from nasctl.hardware.measure.attribution import fusion_in_profile
+
+    def q(name, op="conv", w_bits=8):
+        return LayerSpec(op, 8, 8, (4, 4), (4, 4), w_bits=w_bits, a_bits=w_bits, name=name)
+
+    layers = [q("k1:conv_0"), q("k2:matmul_1", "linear"), q("k3:add_2", "add"), q("k4:conv_3", w_bits=32),
+              q("k5:resize_4", "resize"), q("k6:add_5", "add"), q("k6:mul_6", "mul")]
+    ops = {"k1:input_QuantizeLinear": "QuantizeLinear", "k1:conv_0": "Conv", "k1:act_1_QuantizeLinear":
+           "QuantizeLinear", "k2:matmul_1_quant": "QLinearMatMul", "k2:bias_add": "Add", "k3:add_2_token_7":
+           "QLinearAdd", "k4:conv_3": "Conv", "k5:resize_4": "Resize", "k6:add_5": "QLinearAdd", "k6:mul_6": "Mul"}
+    # k1 float between Q/DQ: dequantized; k2 integer beside its float bias add: fused; k3 fused;
+    # k4 a float kernel, k5 an op named alike either way, k6 two kernels of a tag with both: untold
+    assert fusion_in_profile(layers, ops) == [True, False, False, None, None, None, None]

@@ -24,6 +24,8 @@ gives what it measured to the layers.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -95,6 +97,53 @@ def measured_network(description: str, layers: list[LayerSpec], times: NetworkTi
 
 def floats(layers: Sequence[LayerSpec]) -> list[bool]:
     return [layer.w_bits == 32 for layer in layers]
+
+
+# Op types onnxruntime runs an int8 kernel's fused QDQ group as: one integer kernel.
+INTEGER_OP = re.compile(r"^(Nhwc)?Q[A-Z]|Integer|^DynamicQuantizeMatMul$|^MatMulNBits$")
+# Op types that tell nothing of a kernel's fusion: the quantization nodes themselves, data
+# movement and the ops onnxruntime runs on int8 values under their float name (a QDQ
+# group around them fused by dropping the Q/DQ nodes).
+UNTELLING_OPS = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Transpose", "Reshape", "Flatten", "Squeeze",
+    "Unsqueeze", "Identity", "ReorderInput", "ReorderOutput", "Resize", "Split", "Slice", "Gather", "MaxPool",
+    "NhwcMaxPool", "Pad", "Tile", "Expand", "DepthToSpace", "SpaceToDepth", "Shape", "Cast"})
+
+
+def fusion_in_profile(layers: Sequence[LayerSpec], ops: dict[str, str]) -> list[Optional[bool]]:
+    """Per layer, whether the profiled run ran it dequantized, from the op types of the
+    nodes of its kernel tag (`ops`: node name -> op type, `NetworkTimes.ops`): a quantized
+    kernel with an integer op among them (QLinearConv, QGemm, ConvInteger, ...) ran fused,
+    one with float compute ops only (Conv, Add, LayerNormalization, ... between
+    DequantizeLinear and QuantizeLinear) ran dequantized.  None where the profile cannot
+    tell (not a quantized kernel; none of its tag's nodes profiled with a telling op type;
+    a tag of several quantized layers with both)."""
+    from ..onnx_import import _quantized_kernel
+
+    integer: dict[int, bool] = {}
+    floating: dict[int, bool] = {}
+    for name, op in ops.items():
+        tag = runner.tag_of(name)
+        if tag is None or op in UNTELLING_OPS:
+            continue
+        if INTEGER_OP.search(op):
+            integer[tag] = True
+        else:
+            floating[tag] = True
+    tags = layer_tags(layers)
+    quantized = [_quantized_kernel(layer) for layer in layers]
+    sharing = Counter(t for t, q in zip(tags, quantized) if q and t is not None)
+    found: list[Optional[bool]] = []
+    for tag, q in zip(tags, quantized):
+        if not q or tag is None or not (integer.get(tag) or floating.get(tag)):
+            found.append(None)
+        elif integer.get(tag) and (sharing[tag] == 1 or not floating.get(tag)):
+            found.append(False)  # a float op beside the integer one: its bias add, its activation
+        elif not integer.get(tag):
+            found.append(True)
+        else:
+            found.append(None)
+    return found
 
 
 def _kernel_alone(model, tag: str):

@@ -5,10 +5,11 @@ machine (`nasctl hw bundle`), and the `lut` device fitted to what it measured
 A bundle is a folder:
 
   bundle.json    format, id (a hash of this description, which holds every file's
-                 SHA-256), nasctl version, opset, seed, the chunks the networks are
-                 measured in (each with the seed of its inputs), and per network its
-                 files, its description and its layers as the ONNX importer reads them
-                 (kernel-table rows with the layer names, which carry the kernel tags)
+                 SHA-256), nasctl and onnxruntime versions, opset, seed, the chunks the
+                 networks are measured in (each with the seed of its inputs), and per
+                 network its files, its description and its layers as the ONNX importer
+                 reads them (kernel-table rows with the layer names, which carry the
+                 kernel tags; `dequantized` as this machine's onnxruntime fuses them)
   networks/      the context networks and reference networks (`NAME.onnx`, weights in
                  `NAME.data`), and each float kernel cut out of its network
                  (`NAME-kTAG.onnx`, reading its weights from the network's `NAME.data`)
@@ -20,7 +21,10 @@ A bundle is a folder:
 The networks are those `hw profile --kernels N --seed S` measures, in the same chunks
 with the same inputs; the runner measures them by the same functions, and the device is
 fitted by `profile.fit_profile` from the same kind of measurements: the device is what
-`hw profile` would have built on the target.
+`hw profile` would have built on the target.  Which int8 kernels run fused or dequantized
+differs across onnxruntime builds and versions, so it is read from what the target ran
+(the op types its profile records, `attribution.fusion_in_profile`); the bundle's labels
+stay where the target's profile cannot tell.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import csv
 import json
 import math
 import shutil
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
@@ -90,6 +95,8 @@ def write_bundle(folder: Path, kernels: int = 5000, seed: int = 0, chunk: int = 
                  on_progress: Optional[Callable[[int, int, str], None]] = None) -> dict:
     """Write a profiling bundle of the context networks `hw profile --kernels --seed` measures
     into `folder` (new or empty); a summary of what was written."""
+    import onnxruntime as ort
+
     from ... import __version__
     from .context import OPSET
     from .profile import chunk_seeds, context_networks, reference_networks
@@ -114,7 +121,8 @@ def write_bundle(folder: Path, kernels: int = 5000, seed: int = 0, chunk: int = 
         if on_progress is not None:
             on_progress(done + 1, len(todo), f"{len(todo)} networks")
     shutil.copyfile(runner.__file__, folder / RUNNER_FILE)
-    doc = {"format": BUNDLE_FORMAT, "nasctl": __version__, "opset": OPSET, "kernels": kernels, "seed": seed,
+    doc = {"format": BUNDLE_FORMAT, "nasctl": __version__, "onnxruntime": ort.__version__, "opset": OPSET,
+           "kernels": kernels, "seed": seed,
            "chunk": chunk, "long_kernel_ms": LONG_KERNEL_MS, "runner": RUNNER_FILE,
            "runner_sha256": runner.sha256_of(folder / RUNNER_FILE),
            "networks": entries[:len(networks)], "references": entries[len(networks):],
@@ -163,6 +171,14 @@ def _bundle_beside(results: Path) -> Path:
                      f"results CSV into the folder `nasctl hw bundle` wrote")
 
 
+RESULTS_COLUMNS_1 = RESULTS_COLUMNS[:6]  # results format 1: no op types
+
+
+def _other_format(what: str, found) -> UsageError:
+    return UsageError(f"{what}: results format {found!r}; this nasctl reads format {RESULTS_FORMAT} (measure "
+                      f"with the runner of a bundle this nasctl wrote)")
+
+
 def _rows(results: Path) -> list[list[str]]:
     """The results CSV's rows (without the header and the end row), checked whole."""
     what = f"--bundle-results {results}"
@@ -173,6 +189,9 @@ def _rows(results: Path) -> list[list[str]]:
         raise UsageError(f"{what}: no such file") from None
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise UsageError(f"{what}: not the results CSV of a bundle's runner ({type(e).__name__})") from None
+    if rows and tuple(rows[0]) == RESULTS_COLUMNS_1:  # an older runner's
+        raise _other_format(what, next((r[4] for r in rows if r[:1] == ["meta"] and len(r) > 4
+                                        and r[3] == "results_format"), None))
     if not rows or tuple(rows[0]) != RESULTS_COLUMNS:
         raise UsageError(f"{what}: not the results CSV of a bundle's runner (its header should be "
                          f"{','.join(RESULTS_COLUMNS)})")
@@ -202,15 +221,14 @@ def read_results(results: Path):
     their chunks and the reference networks' times per chunk (`profile.fit_profile`'s
     arguments), checked against the bundle beside it."""
     from ..lut import layer_from_row
-    from .attribution import floats, layer_tags, measured_network
+    from .attribution import floats, fusion_in_profile, layer_tags, measured_network
 
     results = Path(results)
     what = f"--bundle-results {results}"
     rows = _rows(results)
     meta = {r[3]: r[4] for r in rows if r[0] == "meta"}
     if meta.get("results_format") != str(RESULTS_FORMAT):
-        raise UsageError(f"{what}: results format {meta.get('results_format')!r}; this nasctl reads format "
-                         f"{RESULTS_FORMAT} (measure with the runner of a bundle this nasctl wrote)")
+        raise _other_format(what, meta.get("results_format"))
     folder = _bundle_beside(results)
     try:
         doc = runner.read_bundle(folder, check_files=False)
@@ -229,7 +247,7 @@ def read_results(results: Path):
 
     times: dict[tuple[str, str], NetworkTimes] = {}
     counts: dict[tuple[str, str], int] = {}
-    for line, (record, chunk, network, name, value, count) in enumerate(rows, start=2):
+    for line, (record, chunk, network, name, value, count, op) in enumerate(rows, start=2):
         if record == "meta":
             continue
         key = (chunk, network)
@@ -244,6 +262,8 @@ def read_results(results: Path):
             t.energy_mj = _number(value, what, line)
         elif record == "node":
             t.nodes.append((name, _number(value, what, line)))
+            if op:
+                t.ops[name] = op
         else:
             tag = int(_number(name, what, line))
             ms, before_ms, before_n = t.alone.get(tag, (math.nan, 0.0, 0))
@@ -251,6 +271,7 @@ def read_results(results: Path):
                             else (ms, _number(value, what, line), int(_number(count, what, line))))
 
     measured, chunk_of, reference_ms = [], [], []
+    fusion = Counter()  # int8 kernels: by the target's profile or the bundle's labels, and changed
     expected = set()
     long_ms = float(doc.get("long_kernel_ms", LONG_KERNEL_MS))
     for k, c in enumerate(doc["chunks"]):
@@ -266,6 +287,8 @@ def read_results(results: Path):
             if len(t.nodes) != counts[key]:
                 raise UsageError(f"{what}: {name} (chunk {k}) has {len(t.nodes)} of its {counts[key]} node times")
             layers = [replace(layer_from_row(r), name=r.get("name", "")) for r in entry["layers"]]
+            if is_network:  # int8 kernels labelled fused or dequantized as the target ran them
+                layers = _as_run(layers, fusion_in_profile(layers, t.ops), fusion)
             m = measured_network(entry["description"], layers, t, long_ms)
             need = runner.long_kernels(m.layer_ms, layer_tags(layers), floats(layers), long_ms)
             lacking = sorted(set(need) - {tag for tag, v in t.alone.items() if not math.isnan(v[0])})
@@ -291,7 +314,33 @@ def read_results(results: Path):
     measurement = {**protocol.describe(), "seed": doc["seed"], "references": len(doc["references"]),
                    "machine": machine, "measuring_seconds": float(meta.get("measuring_seconds", 0) or 0),
                    "bundle": {"id": doc["id"], "nasctl": doc["nasctl"], "results": results.name}}
+    if fusion["kernels"]:
+        measurement["int8_fusion"] = {
+            "from": "the op types the target's onnxruntime profiled for each int8 kernel's nodes (an integer kernel "
+                    "such as QLinearConv: fused; float ops between DequantizeLinear and QuantizeLinear: "
+                    "dequantized); the bundle's labels where they cannot tell",
+            "onnxruntime": machine.get("onnxruntime"), "bundle_onnxruntime": doc.get("onnxruntime"),
+            "int8_kernels": fusion["kernels"], "told_by_target": fusion["told"],
+            "changed_by_target": fusion["to_dequantized"] + fusion["to_fused"],
+            "now_dequantized": fusion["to_dequantized"], "now_fused": fusion["to_fused"]}
     return measured, measurement, chunk_of, reference_ms
+
+
+def _as_run(layers: list, ran_dequantized: list, counts: Counter) -> list:
+    """The layers with `dequantized` as the target ran them where its profile tells
+    (`ran_dequantized`, None where it cannot), counting int8 kernels told and changed."""
+    from ..onnx_import import _quantized_kernel
+
+    out = []
+    for layer, ran in zip(layers, ran_dequantized):
+        counts["kernels"] += _quantized_kernel(layer)
+        if ran is not None:
+            counts["told"] += 1
+            if ran != layer.dequantized:
+                counts["to_dequantized" if ran else "to_fused"] += 1
+                layer = replace(layer, dequantized=ran)
+        out.append(layer)
+    return out
 
 
 def fit_bundle_results(name: str, results: Path):

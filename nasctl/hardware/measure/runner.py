@@ -21,8 +21,11 @@ time: the same as wall-clock latency on an idle core, and blind to time the OS g
 other processes.  With more threads the clock is wall-clock time.
 
 In-context kernel times: each network runs with onnxruntime's profiling, which records
-every node's kernel time (the minimum over the profiled runs is kept); each network is
-also timed end to end without profiling; kernels whose profiled time is long (their
+every node's kernel time (the minimum over the profiled runs is kept) and op type (what
+this onnxruntime made of each int8 kernel: one integer kernel such as QLinearConv, or the
+float op between DequantizeLinear and QuantizeLinear; the fitted device labels the
+kernels as the target ran them); each network is also timed end to end without
+profiling; kernels whose profiled time is long (their
 wall-clock profile may include other processes' time slices) are timed again alone, as
 models of their own.  Networks are measured in chunks, and the same small reference
 networks run in every chunk, so that a chunk measured while the machine was busier can
@@ -50,10 +53,10 @@ import numpy as np
 TAG = re.compile(r"k(\d+):")  # the tag of a kernel, prefixing its nodes' names in a context network
 
 BUNDLE_FORMAT = 1  # bundle.json
-RESULTS_FORMAT = 1  # the results CSV
+RESULTS_FORMAT = 2  # the results CSV (2: the op type of each profiled node)
 BUNDLE_FILE = "bundle.json"
 RESULTS_FILE = "results.csv"
-RESULTS_COLUMNS = ("record", "chunk", "network", "name", "value", "count")
+RESULTS_COLUMNS = ("record", "chunk", "network", "name", "value", "count", "op")
 
 
 class InputError(ValueError):
@@ -188,16 +191,21 @@ def energy_per_run_mj(run: Callable[[], object], seconds: float = 0.2) -> float:
 
 # --- in-context kernel times -----------------------------------------------------------
 
-def node_times(profile_file: str) -> list[tuple[str, float]]:
-    """(node name, minimum kernel time in ms over the profiled runs), in execution order."""
+def read_profile(profile_file: str) -> tuple[list[tuple[str, float]], dict[str, str]]:
+    """(node name, minimum kernel time in ms over the profiled runs), in execution order,
+    and each node's op type as onnxruntime ran it (the profiler's `args.op_name`)."""
     with open(profile_file, encoding="utf-8") as f:
         events = json.load(f)
     best: dict[str, float] = {}
+    ops: dict[str, str] = {}
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             name = e["name"][: -len("_kernel_time")]
             best[name] = min(best.get(name, np.inf), e["dur"] / 1e3)
-    return list(best.items())
+            op = (e.get("args") or {}).get("op_name")
+            if op:
+                ops[name] = str(op)
+    return list(best.items()), ops
 
 
 def tag_of(name: str) -> Optional[int]:
@@ -281,18 +289,21 @@ class NetworkTimes:
     """What was measured of one network: its profiled nodes' times (ms, in execution
     order), its end-to-end time, its energy per run where the machine has counters, and
     its long kernels timed alone: tag -> (end-to-end ms, profiled ms and count of the
-    nodes onnxruntime ran before the kernel, e.g. a layout reorder of its input)."""
+    nodes onnxruntime ran before the kernel, e.g. a layout reorder of its input), and its
+    profiled nodes' op types (node name -> op type, as onnxruntime ran them)."""
 
     nodes: list[tuple[str, float]]
     latency_ms: float
     energy_mj: Optional[float] = None
     alone: dict[int, tuple[float, float, int]] = field(default_factory=dict)
+    ops: dict[str, str] = field(default_factory=dict)
 
 
 def time_together(paths: Sequence[Path], protocol: Protocol, workdir: Path, rng: np.random.Generator,
                   on_round: Optional[Callable[[], None]] = None, energy: bool = False):
-    """Profile and time models together: each one's node times (profiled sessions) and
-    end-to-end time (plain sessions), both by the interleaved protocol; with `energy`,
+    """Profile and time models together: each one's node times and op types (profiled
+    sessions, `read_profile`) and end-to-end time (plain sessions), both by the
+    interleaved protocol; with `energy`,
     also each one's energy per run (mJ) from the RAPL counters, else None."""
     feeds, runs, sessions = [], [], []
     for i, path in enumerate(paths):
@@ -301,13 +312,13 @@ def time_together(paths: Sequence[Path], protocol: Protocol, workdir: Path, rng:
         sessions.append(sess)
         runs.append(lambda s=sess, f=feeds[-1]: s.run(None, f))
     interleaved_min(runs, protocol, on_round)
-    nodes = [node_times(s.end_profiling()) for s in sessions]
+    profiles = [read_profile(s.end_profiling()) for s in sessions]
     del sessions[:], runs[:]  # free the profiled sessions before opening the plain ones
     for path, feed in zip(paths, feeds):
         sess = make_session(path, protocol.threads)
         runs.append(lambda s=sess, f=feed: s.run(None, f))
     latency = interleaved_min(runs, protocol, on_round)
-    return nodes, latency, ([energy_per_run_mj(run) for run in runs] if energy else None)
+    return profiles, latency, ([energy_per_run_mj(run) for run in runs] if energy else None)
 
 
 def measure_chunk(networks: Sequence[Network], protocol: Protocol, workdir: Path, seed: int = 0,
@@ -318,9 +329,9 @@ def measure_chunk(networks: Sequence[Network], protocol: Protocol, workdir: Path
     measures each network's energy per run."""
     rng = np.random.default_rng(seed)
     energy = bool(energy_counters()) if energy is None else energy
-    nodes, latency, joules = time_together([n.path for n in networks], protocol, workdir, rng, on_round, energy)
-    measured = [NetworkTimes(nd, float(ms), None if joules is None else float(joules[i]))
-                for i, (nd, ms) in enumerate(zip(nodes, latency))]
+    profiles, latency, joules = time_together([n.path for n in networks], protocol, workdir, rng, on_round, energy)
+    measured = [NetworkTimes(nd, float(ms), None if joules is None else float(joules[i]), ops=ops)
+                for i, ((nd, ops), ms) in enumerate(zip(profiles, latency))]
     todo, paths = [], []
     for i, (net, m) in enumerate(zip(networks, measured)):
         layer_ms, _ = attribute(m.nodes, net.layer_tags)
@@ -328,8 +339,8 @@ def measure_chunk(networks: Sequence[Network], protocol: Protocol, workdir: Path
             todo.append((i, tag))
             paths.append(net.alone(tag))
     if paths:
-        nodes, latency, _ = time_together(paths, protocol, workdir, rng, on_round)
-        for (i, tag), kernel_nodes, ms in zip(todo, nodes, latency):
+        profiles, latency, _ = time_together(paths, protocol, workdir, rng, on_round)
+        for (i, tag), (kernel_nodes, _), ms in zip(todo, profiles, latency):
             # What the runtime runs before the kernel (a layout reorder of its input) belongs
             # to the kernel before it in a network; what runs after counts for the kernel.
             first = next((k for k, (name, _) in enumerate(kernel_nodes) if TAG.search(name)), 0)
@@ -479,11 +490,11 @@ def run_bundle(folder: Path, protocol: Protocol, out: Path,
                     "rounds": protocol.rounds, "repeats": protocol.repeats, "warmup": protocol.warmup,
                     "clock": protocol.clock, "measuring_seconds": round(time.perf_counter() - start, 1),
                     **{f"machine.{k}": v for k, v in machine(doc.get("opset")).items()}}
-            rows[:0] = [["meta", "", "", k, v, ""] for k, v in meta.items()]
+            rows[:0] = [["meta", "", "", k, v, "", ""] for k, v in meta.items()]
             writer = csv.writer(f)
             writer.writerow(RESULTS_COLUMNS)
             writer.writerows(rows)
-            writer.writerow(["end", "", "", "", len(rows), ""])  # a file cut short lacks it
+            writer.writerow(["end", "", "", "", len(rows), "", ""])  # a file cut short lacks it
     except BaseException:  # interrupted or failed: no half-written results
         out.unlink(missing_ok=True)
         raise
@@ -491,13 +502,13 @@ def run_bundle(folder: Path, protocol: Protocol, out: Path,
 
 
 def _network_rows(chunk: int, name: str, t: NetworkTimes) -> list[list]:
-    rows = [["latency", chunk, name, "", repr(t.latency_ms), len(t.nodes)]]
+    rows = [["latency", chunk, name, "", repr(t.latency_ms), len(t.nodes), ""]]
     if t.energy_mj is not None:
-        rows.append(["energy", chunk, name, "", repr(t.energy_mj), ""])
-    rows += [["node", chunk, name, node, repr(ms), ""] for node, ms in t.nodes]
+        rows.append(["energy", chunk, name, "", repr(t.energy_mj), "", ""])
+    rows += [["node", chunk, name, node, repr(ms), "", t.ops.get(node, "")] for node, ms in t.nodes]
     for tag, (ms, before_ms, before_nodes) in sorted(t.alone.items()):
-        rows.append(["alone", chunk, name, tag, repr(ms), ""])
-        rows.append(["alone_before", chunk, name, tag, repr(before_ms), before_nodes])
+        rows.append(["alone", chunk, name, tag, repr(ms), "", ""])
+        rows.append(["alone_before", chunk, name, tag, repr(before_ms), before_nodes, ""])
     return rows
 
 
