@@ -20,7 +20,9 @@ above), among
                     models determine it;
   prior+G@λ         the combination plus a correction in grouping G, penalty λ (TRUSTS);
   none+G            no prior: `fit_from_models` with grouping G, where the models are
-                    enough to fit it from scratch (`feasible_groupings`).
+                    enough to fit it from scratch (`feasible_groupings`); where it wins,
+                    the result is `fit_from_models` itself, the grouping its own choice
+                    (`hw fit --models` exactly).
 
 The least CV error wins, except that a prior is trusted over a fit from scratch only where
 it at least halves the best `none` candidate's CV error (MARGIN): with a dozen prior
@@ -151,8 +153,9 @@ def fit_with_prior(name: str, layer_lists: Sequence[Sequence[LayerSpec]], latenc
     record = {"devices": names, "trust": best.label, "cv": "leave one out" if folds == len(y) else f"{folds}-fold",
               "cv_rms_error_pct": errors}
 
-    if best.label.startswith("none+"):  # the prior does not help: today's fit, with the record of why
-        fitted = fit_from_models(name, layer_lists, y, grouping=best.grouping.name, description=description)
+    if best.label.startswith("none+"):  # the prior does not help: today's fit (its own grouping), with the record of why
+        fitted = fit_from_models(name, layer_lists, y, grouping=grouping, description=description)
+        record["trust"] = f"none+{fitted.spec['fit']['grouping']}"
         fitted.spec["fit"]["prior"] = {**record, "weights": {n: 0.0 for n in names}}
         return fitted
 

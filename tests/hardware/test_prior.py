@@ -106,17 +106,19 @@ def test_unrelated_priors_are_not_trusted(tmp_path):
 
 def test_the_prior_is_kept_only_where_it_halves_the_error_of_fitting_without_it(priors, tmp_path):
     """Where the models are enough to fit from scratch, a prior candidate wins only with at
-    most 1/MARGIN of the best no-prior CV error; otherwise the best no-prior fit is kept."""
+    most 1/MARGIN of the best no-prior CV error; otherwise the fit is `fit_from_models`'s own."""
     truth = MIX[0] * COST_A + MIX[1] * COST_B
     unrelated = [table_device(tmp_path, "noise-0", np.random.default_rng(50).uniform(0.001, 0.1, len(POOL) + 1))]
     trusts = []
     for devices, noise in ((priors, 0.0), (priors, 0.05), (unrelated, 0.02)):
-        record = fit_with_prior("new", *models(20, 9, truth, noise=noise), devices).spec["fit"]["prior"]
-        errors = record["cv_rms_error_pct"]
+        train = models(20, 9, truth, noise=noise)
+        fit = fit_with_prior("new", *train, devices).spec["fit"]
+        record, errors = fit["prior"], fit["prior"]["cv_rms_error_pct"]
         with_prior = min(e for label, e in errors.items() if not label.startswith("none"))
         without = min(e for label, e in errors.items() if label.startswith("none"))
         if record["trust"].startswith("none"):
-            assert errors[record["trust"]] == without < MARGIN * with_prior, record
+            assert without < MARGIN * with_prior and record["trust"] in errors, record
+            assert fit["grouping"] == fit_from_models("new", *train).spec["fit"]["grouping"] == record["trust"][5:]
         else:
             assert errors[record["trust"]] == with_prior and without >= MARGIN * with_prior, record
         trusts.append(record["trust"].split("+")[0].split("@")[0])
