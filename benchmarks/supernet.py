@@ -22,7 +22,7 @@ agreement with stand-alone training, and a 2,000-candidate search against the de
    the default run's reference point (`nasctl.runs`).
 
     python benchmarks/supernet.py [--workspace runs/supernet-bench/ws] [--name bench] [--epochs 10] \\
-        [--rounds 3] [--timing 8] [--search] [--budget 2000] [--strategy nsga2] [--default-json FILE]
+        [--rounds 3] [--timing 8] [--sets tune,held] [--partial] [--search] [--budget 2000] [--strategy nsga2] [--default-json FILE]
 """
 
 from __future__ import annotations
@@ -142,6 +142,8 @@ def agreement(space, data, net, args) -> None:
     cal = calibration_inputs(data, 0)
     exits = space.exit_names()
     for label, (seed, count) in SETS.items():
+        if label not in args.sets.split(","):
+            continue
         archs = pe.candidates(space, 50, seed)
         cache = LABELS / f"labels-{label}-e5.csv"
         if complete(space, archs, cache, count):
@@ -224,6 +226,7 @@ def main() -> None:
     ap.add_argument("--timing", type=int, default=8, help="candidates timed both ways")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--skip-tau", action="store_true")
+    ap.add_argument("--sets", default="tune,held", help="label sets to measure rank agreement on")
     ap.add_argument("--partial", action="store_true",
                     help="a label set whose trainings are unfinished: use the cache files that are complete")
     ap.add_argument("--search", action="store_true")
