@@ -59,7 +59,7 @@ def test_tiny_search_writes_run_folder_and_front(tmp_path):
 def test_same_seed_same_trials(tmp_path):
     runs = []
     for name in ("a", "b"):
-        result = search("--budget", "6", "--epochs", "1", "--seed", "7", "--run-dir", str(tmp_path / name))
+        result = search("--budget", "4", "--epochs", "1", "--seed", "7", "--run-dir", str(tmp_path / name))
         assert result.exit_code == 0, result.output
         rows = read_csv(tmp_path / name / "trials.csv")
         runs.append([{k: v for k, v in r.items() if k != "train_s"} for r in rows])
