@@ -105,11 +105,12 @@ def test_a_one_at_a_time_strategy_proposes_screen_candidates_per_real_evaluation
 
 def test_surrogate_search_is_deterministic(table, tmp_path):
     path, _ = table
-    args = ["--budget", "24", "--surrogate", "ridge", "--seed", "2"]
+    args = ["--budget", "16", "--surrogate", "ridge", "--seed", "2"]
     for name in ("a", "b"):
         assert table_search(path, *args, "--run-dir", str(tmp_path / name)).exit_code == 0
     arch = [[t["arch"] for t in read_csv(tmp_path / name / "trials.csv")] for name in ("a", "b")]
     assert arch[0] == arch[1]
+    assert read_csv(tmp_path / "a" / "surrogate.csv")  # the surrogate screened some of them
 
 
 def test_unknown_surrogate_is_one_line_before_any_run(table, tmp_path):
