@@ -266,9 +266,10 @@ class Evaluator:
     def keep_front(self, keys) -> None:
         """Keep the inherited networks of the architectures `keys` (measured again: the
         same figures), where their trials were measured with a supernet without keeping."""
+        if self.supernet is None or self.keep_in is None:
+            return
         for key in keys:
-            if self.supernet is not None and self.keep_in is not None:
-                self._inherit(json.loads(key), key, force_keep=True)
+            self._inherit(json.loads(key), key, force_keep=True)
 
     def _inherit(self, net: dict, key: str, force_keep: bool = False) -> tuple[float, list[float]]:
         """Accuracy and exit rates of `net` with the weights it inherits from the supernet

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ def score(net: Supernet, arch: dict, data, settings: TrainSettings, calibration:
         model = net.extract(arch) if extract or finetune_epochs else net.network(arch)
         recalibrate(model, calibration, len(calibration))
         if finetune_epochs:
-            tune = TrainSettings(**{**settings.__dict__, "epochs": finetune_epochs})
+            tune = replace(settings, epochs=finetune_epochs)
             train_network(model, data, tune, seed, torch.device("cpu"))
             recalibrate(model, calibration, len(calibration))
     result = measure(model, net.space, arch, data, settings, time.perf_counter() - t0)
