@@ -30,9 +30,12 @@ and `hw fit` save them beside the table (`regressors.json`: plain arrays, tied t
 table's SHA-256, with the table's rows as read and checked, which load faster than the
 CSV), and a device whose table changed since refits them (and reads the CSV).
 
-Every priced layer also pays `overhead.per_layer_ms`, and the first layer of a list
-carries `overhead.per_model_ms`, the fixed cost of one inference run; both are fitted
-from end-to-end measurements (`nasctl.hardware.fit`).  With no energy column the device
+Every priced layer also pays `overhead.per_layer_ms` and its kernel group's
+`overhead.per_kernel_ms` (the op, convs split into dense and depthwise: what a kernel's
+in-context time leaves out or holds of its neighbours', fitted by `hw profile` to the
+context networks' end-to-end times), and the first layer of a list carries
+`overhead.per_model_ms`, the fixed cost of one inference run; these are fitted from
+end-to-end measurements (`nasctl.hardware.fit`, `nasctl.hardware.measure.profile`).  With no energy column the device
 models latency only (`models_energy: false`).
 """
 
@@ -64,6 +67,7 @@ _INT_COLUMNS = LUT_COLUMNS[1:13]
 REGRESSORS = ("additive", "ridge", "boost", "nearest")
 MIN_ROWS = {"additive": 1, "ridge": 12, "boost": 40, "nearest": 5}  # fewest rows each regressor is fitted on
 REGRESSORS_FILE = "regressors.json"  # boosted trees fitted to the table, beside it
+KERNEL_FLOOR_MS = 1e-4  # the least a kernel is priced at after a negative per-kernel offset (0.1 µs)
 
 
 class _Strict(BaseModel):
@@ -73,6 +77,7 @@ class _Strict(BaseModel):
 class Overhead(_Strict):
     per_model_ms: NonNegativeFloat = 0.0  # fixed cost of one inference run
     per_layer_ms: float = 0.0             # added to every priced layer
+    per_kernel_ms: dict[str, float] = {}  # kernel group (`kernel_group`) -> added to each of its layers
 
 
 class LutSpec(_Strict):
@@ -187,6 +192,12 @@ def kernel_type(layer: LayerSpec) -> str:
     return _type_of(layer.op, layer.groups, layer.in_ch, layer.w_bits, layer.a_bits, layer.dequantized)
 
 
+def kernel_group(layer: LayerSpec) -> str:
+    """What a per-kernel offset (`overhead.per_kernel_ms`) is fitted per: the op, convs
+    split into dense and depthwise, whatever the bit widths."""
+    return _type_of(layer.op, layer.groups, layer.in_ch, 32, 32, False)
+
+
 def _type_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequantized: bool) -> str:
     name = "conv_dw" if op == "conv" and groups == in_ch and groups > 1 else op
     if (w_bits, a_bits) == (32, 32):
@@ -242,13 +253,18 @@ def _terms(layers: Sequence[LayerSpec]) -> np.ndarray:
 # --- regressors (log latency from layers; fitted on first use, nothing pickled) ----
 
 class _Ridge:
-    """Regularised linear model of log latency on the log-scale features."""
+    """Regularised linear model of log latency on the log-scale features.  A layer's
+    standardised features are held within one standard deviation of the fitted rows'
+    range: a feature that barely varied over the rows (and so got a large weight) does not
+    send a new layer's price to infinity."""
 
     def fit(self, layers, y):
         X = features(layers)
         self.mu, self.sd = X.mean(0), X.std(0)
         self.sd[self.sd == 0] = 1.0
-        Z = np.hstack([(X - self.mu) / self.sd, np.ones((len(X), 1))])
+        Z = (X - self.mu) / self.sd
+        self.lo, self.hi = Z.min(0) - 1.0, Z.max(0) + 1.0
+        Z = np.hstack([Z, np.ones((len(X), 1))])
         reg = 1e-2 * len(X) * np.eye(Z.shape[1])
         reg[-1, -1] = 0.0
         self.w = np.linalg.solve(Z.T @ Z + reg, Z.T @ y)
@@ -256,14 +272,15 @@ class _Ridge:
 
     @property
     def state(self) -> dict:
-        return {"mu": self.mu.tolist(), "sd": self.sd.tolist(), "w": self.w.tolist()}
+        return {k: getattr(self, k).tolist() for k in ("mu", "sd", "w", "lo", "hi")}
 
     def restore(self, state: dict):
-        self.mu, self.sd, self.w = (np.array(state[k]) for k in ("mu", "sd", "w"))
+        self.mu, self.sd, self.w, self.lo, self.hi = (np.array(state[k]) for k in ("mu", "sd", "w", "lo", "hi"))
         return self
 
     def predict(self, layers):
-        return np.hstack([(features(layers) - self.mu) / self.sd, np.ones((len(layers), 1))]) @ self.w
+        Z = np.clip((features(layers) - self.mu) / self.sd, self.lo, self.hi)
+        return np.hstack([Z, np.ones((len(layers), 1))]) @ self.w
 
 
 class _Additive:
@@ -292,29 +309,34 @@ class _Additive:
 
 class _Boost:
     """Gradient-boosted trees on the log-scale features predicting the log of the time per
-    unit of work (MACs with channels padded to vector blocks, else elements moved): a
-    smooth target, and beyond the measured sizes the rate of the nearest ones holds.
-    Kept as plain arrays (`nasctl.trees`): `state` is what `regressors.json` stores."""
+    unit of work (MACs with channels padded to vector blocks, else elements moved, plus
+    the type's fixed cost in units of work - `_fixed_work`): a smooth target, and beyond
+    the measured sizes the rate of the nearest ones holds.  Kept as plain arrays
+    (`nasctl.trees`): `state` is what `regressors.json` stores."""
 
     def fit(self, layers, y):
         from sklearn.ensemble import GradientBoostingRegressor
 
         model = GradientBoostingRegressor(loss="absolute_error", n_estimators=300, learning_rate=0.1, max_depth=5,
                                           min_samples_leaf=3, random_state=0)
-        return self.restore(trees.export(model.fit(features(layers), y - np.log(_work(layers)))))
+        fixed = _fixed_work(layers, y)
+        target = y - np.log(_work(layers) + fixed)
+        return self.restore({**trees.export(model.fit(features(layers), target)), "fixed_work": fixed})
 
     def restore(self, state: dict):
         self.state, self.ensemble = state, trees.Ensemble(state)
+        self.fixed = float(state.get("fixed_work", 0.0))  # 0 in regressors saved before it was fitted
         return self
 
     def predict(self, layers):
-        return np.log(_work(layers)) + self.ensemble.predict(features(layers))
+        return np.log(_work(layers) + self.fixed) + self.ensemble.predict(features(layers))
 
 
 class _Nearest:
     """Priced like the most similar measured kernels: the throughput (work per ms) of the k
     nearest rows in the standardised log-feature space, distance-weighted, times this
-    kernel's work (MACs with channels padded to vector blocks, else elements moved).
+    kernel's work (MACs with channels padded to vector blocks, else elements moved, plus
+    the type's fixed cost in units of work - `_fixed_work`).
     It is the rows themselves: refitted from the table, never saved."""
 
     k = 5
@@ -324,7 +346,8 @@ class _Nearest:
         self.mu, self.sd = X.mean(0), X.std(0)
         self.sd[self.sd == 0] = 1.0
         self.Z = (X - self.mu) / self.sd
-        self.rate = y - np.log(_work(layers))
+        self.fixed = _fixed_work(layers, y)
+        self.rate = y - np.log(_work(layers) + self.fixed)
         return self
 
     def predict(self, layers):
@@ -333,11 +356,30 @@ class _Nearest:
         k = min(self.k, len(self.Z))
         idx = np.argsort(d, axis=1)[:, :k]
         w = 1.0 / (np.take_along_axis(d, idx, 1) + 1e-3)
-        return np.log(_work(layers)) + (w * self.rate[idx]).sum(1) / w.sum(1)
+        return np.log(_work(layers) + self.fixed) + (w * self.rate[idx]).sum(1) / w.sum(1)
 
 
 def _work(layers: Sequence[LayerSpec]) -> np.ndarray:
     return np.array([max(_padded_macs(l) if l.macs else l.in_elems + l.out_elems, 1) for l in layers], dtype=float)
+
+
+def _fixed_work(layers: Sequence[LayerSpec], y: np.ndarray) -> float:
+    """A kernel type's fixed cost per call in units of its work: `time ≈ a + r x work`
+    fitted to the rows (non-negative, least squares on relative errors), `a / r`.
+
+    A small kernel's time is mostly that fixed cost, so its time per unit of work falls
+    steeply with its size; trees and neighbours, which hold the rate of similar measured
+    kernels, would price a kernel between two measured sizes in proportion to its work -
+    a small one at a fraction of what it takes.  The time per unit of (work + fixed work)
+    is about flat there, and the same as the time per unit of work for large kernels."""
+    from scipy.optimize import nnls
+
+    work, t = _work(layers), np.exp(np.asarray(y, dtype=float))
+    if len(t) < 2:
+        return 0.0
+    scale = np.array([1.0, work.max()])
+    a, r = nnls(np.c_[np.ones(len(t)), work / scale[1]] / t[:, None], np.ones(len(t)), maxiter=1000)[0] / scale
+    return float(min(a / r, np.median(work))) if r > 0 else float(np.median(work))
 
 
 _MAKERS = {"ridge": _Ridge, "additive": _Additive, "boost": _Boost, "nearest": _Nearest}
@@ -541,7 +583,8 @@ class LutDevice(CostModel):
             saved = self._saved.get(ktype, {})
             if isinstance(saved, str):  # kept as JSON text until a layer of its type is priced
                 saved = json.loads(saved)
-            if saved.get("kind") == kind:
+            # (ridge states saved without their feature bounds, before they had them, are refitted)
+            if saved.get("kind") == kind and (kind != "ridge" or all("lo" in st for st in saved["states"])):
                 self._models[ktype] = [_MAKERS[kind]().restore(state) for state in saved["states"]]
             else:
                 layers = [layer_from_row(r) for r in group]
@@ -582,7 +625,7 @@ class LutDevice(CostModel):
             if key in self._cache:
                 continue
             if key in self._exact:
-                self._cache[key] = self._cost(self._exact[key], "table")
+                self._cache[key] = self._cost(self._exact[key], "table", layer)
                 continue
             # The layer's kernel type; where the table has none of it, or only kernels far
             # smaller than this one (a regressor's rate would be extrapolated from fixed
@@ -593,12 +636,12 @@ class LutDevice(CostModel):
             if not known:
                 self._cache[key] = None
                 continue
-            layer = next((c for c in known if self._covers(kernel_type(c), c)), known[0])
-            todo.setdefault(kernel_type(layer), {})[key] = layer
+            priced = next((c for c in known if self._covers(kernel_type(c), c)), known[0])
+            todo.setdefault(kernel_type(priced), {})[key] = (priced, layer)
         for ktype, batch in todo.items():
-            values = np.exp(np.column_stack([m.predict(list(batch.values())) for m in self._regressors(ktype)]))
-            for key, v in zip(batch, values):
-                self._cache[key] = self._cost(tuple(float(x) for x in v), f"{self.chosen[ktype]} regressor")
+            values = np.exp(np.column_stack([m.predict([p for p, _ in batch.values()]) for m in self._regressors(ktype)]))
+            for (key, (_, layer)), v in zip(batch.items(), values):
+                self._cache[key] = self._cost(tuple(float(x) for x in v), f"{self.chosen[ktype]} regressor", layer)
 
     COVER = 8.0  # a kernel type prices layers up to this many times the work of its largest kernel
 
@@ -610,9 +653,13 @@ class LutDevice(CostModel):
             self._largest[ktype] = float(_work([layer_from_row(r) for r in self._rows[ktype]]).max())
         return self._largest[ktype]
 
-    def _cost(self, values: tuple[float, ...], how: str) -> LayerCost:
-        per_layer = self.spec.overhead.per_layer_ms
-        return LayerCost(max(values[0] + per_layer, 0.0), values[1] if self.models_energy else None, how)
+    def _cost(self, values: tuple[float, ...], how: str, layer: LayerSpec) -> LayerCost:
+        overhead = self.spec.overhead
+        offset = overhead.per_kernel_ms.get(kernel_group(layer), 0.0)
+        # a negative offset takes a kernel down to the least in-context cost at most
+        least = min(values[0], KERNEL_FLOOR_MS) if offset else 0.0
+        return LayerCost(max(values[0] + overhead.per_layer_ms + offset, least),
+                         values[1] if self.models_energy else None, how)
 
     def estimate(self, layers: Sequence[LayerSpec]) -> CostReport:
         self._price_new(layers)

@@ -205,3 +205,51 @@ def test_kernels_far_beyond_their_types_rows_are_priced_from_a_type_that_covers_
     assert dev.estimate([big]).latency_ms < 3 * (1e-3 + 96 * 112 * 112 * 1e-7)
     small = LayerSpec("act", 48, 48, (1, 1), (1, 1), w_bits=8, a_bits=8, fn="sigmoid", dequantized=True)
     assert dev.estimate([small]).latency_ms == pytest.approx(2e-3 + 48 * 1e-4, rel=0.3)  # from its own rows
+
+
+def test_ridge_holds_a_new_layers_features_within_the_fitted_range():
+    # Pools nearly all 2x2: the one 3x3 row, ten times dearer, gives the kernel-area feature a
+    # steep weight; a 9x9 pool must not be extrapolated along it to an absurd price.
+    from nasctl.hardware.lut import fit_regressor
+
+    layers, values = [], []
+    for i, hw in enumerate((8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112)):
+        k = 3 if i == 5 else 2
+        layers.append(LayerSpec("pool", 16, 16, (hw, hw), (hw // 2, hw // 2), (k, k), 2, fn="avg"))
+        values.append((1e-3 + hw * hw * 16 * 1e-7) * (10 if k == 3 else 1))
+    model = fit_regressor("ridge", layers, np.array(values))
+    wide = LayerSpec("pool", 16, 16, (32, 32), (12, 12), (9, 9), 2, fn="avg")
+    price = float(np.exp(model.predict([wide]))[0])
+    assert np.isfinite(price) and price < 10 * max(values)
+
+
+@pytest.mark.parametrize("kind", ["boost", "nearest"])
+def test_small_kernels_between_measured_sizes_pay_their_fixed_cost(kind):
+    # Linear kernels costing 1 µs + 0.1 ns per MAC, measured small (256-1024 MACs) and large
+    # (from 64k MACs); one in between (4096-8192 MACs) is priced near 1.5 µs, not in
+    # proportion to its work from the rate of the small ones' neighbours.
+    from nasctl.hardware.lut import fit_regressor
+
+    rng = np.random.default_rng(0)
+    shapes = [(i, o, t) for i in (8, 16) for o in (8, 16) for t in (4,)] + \
+             [(i, o, t) for i in (64, 128, 256) for o in (64, 128, 256) for t in (4, 16, 64)]
+    layers = [LayerSpec("linear", i, o, (t, 1), (t, 1)) for i, o, t in shapes]
+    values = np.array([(1e-3 + l.macs * 1e-7) * rng.uniform(0.97, 1.03) for l in layers])
+    model = fit_regressor(kind, layers, values)
+    mid = [LayerSpec("linear", 32, 32, (4, 1), (4, 1)), LayerSpec("linear", 32, 64, (4, 1), (4, 1))]
+    prices = np.exp(model.predict(mid))
+    assert prices == pytest.approx([1e-3 + l.macs * 1e-7 for l in mid], rel=0.25)
+
+
+def test_per_kernel_offsets_apply_by_kernel_group_down_to_a_floor(rows):
+    from nasctl.hardware.lut import KERNEL_FLOOR_MS, kernel_group
+
+    plain = device(rows)
+    shifted = device(rows, overhead={"per_kernel_ms": {"conv": 0.002, "add": -1.0}})
+    c, a = layer_from_row(rows[0]), layer_from_row(rows[-1])
+    assert kernel_group(c) == "conv" and kernel_group(a) == "add"
+    assert kernel_group(conv(16, 16, 8, groups=16)) == "conv_dw" and kernel_group(conv(16, 16, 8, bits=8)) == "conv"
+    assert shifted.estimate([c]).latency_ms == pytest.approx(plain.estimate([c]).latency_ms + 0.002)
+    assert shifted.estimate([a]).latency_ms == pytest.approx(min(plain.estimate([a]).latency_ms, KERNEL_FLOOR_MS))
+    dw = conv(16, 16, 8, groups=16)  # a group without an offset is priced as before
+    assert shifted.estimate([dw]).latency_ms == pytest.approx(plain.estimate([dw]).latency_ms)
