@@ -176,6 +176,30 @@ class Graph:
             self.layer_of[name] = i
         return True
 
+    def scales_product(self, node: Node, x: str) -> bool:
+        """Whether `node` (a Mul, or a Div by its second input) multiplies a float product
+        of two activations (a `matmul` layer, e.g. attention scores), or one of its inputs,
+        by a constant scalar - what onnxruntime folds into the product (FusedMatMul's alpha).
+        The product's output then stands for the node's."""
+        other = [n for n in node.inputs if n != x]
+        if self.bits(x) != 32 or len(other) != 1 or not self.is_const(other[0]) or \
+                (node.op_type == "Div" and node.inputs[0] != x):
+            return False
+        try:
+            if prod(self.shape(other[0])) != 1:
+                return False
+        except UnknownShape:
+            return False
+        y = node.outputs[0]
+        i = self.layer_of.get(x)
+        if i is not None and self.layers[i].op == "matmul" and len(self.consumers.get(x, ())) == 1 \
+                and x not in self.outputs:
+            self.layer_of[y] = i
+            return True
+        readers = self.consumers.get(y, ())
+        return len(readers) == 1 and readers[0].op_type == "MatMul" and y not in self.outputs and \
+            not any(self.is_const(n) for n in readers[0].inputs)
+
     def _fusable_layer(self, name: str) -> Optional[int]:
         """The conv/linear layer whose output reaches only the asking node (through ops
         runtimes remove), if it has no activation yet."""
@@ -329,12 +353,15 @@ def _activation(fn: str) -> Handler:
     return handle
 
 
-def _binary(op: str, fn: str = "", bias: bool = False) -> Handler:
+def _binary(op: str, fn: str = "", bias: bool = False, scale: bool = False) -> Handler:
     """Element-wise binary op; with `bias`, a constant operand after a conv or linear
-    is folded into it."""
+    is folded into it; with `scale`, a constant scalar scaling a product of two
+    activations (`Graph.scales_product`) is folded into the product."""
     def handle(node: Node, g: Graph) -> list[LayerSpec]:
         x = g.activation(node)
         if bias and any(g.is_const(n) for n in node.inputs) and g.fuse(node, x, bias=True):
+            return []
+        if scale and g.scales_product(node, x):
             return []
         return [g.layer(op, node, x, node.outputs[0], x_shape=node.outputs[0], fn=fn)]
     return handle
@@ -402,8 +429,8 @@ HANDLERS: dict[str, Handler] = {
         ("Gelu", "gelu"), ("FastGelu", "gelu"), ("BiasGelu", "gelu"), ("QuickGelu", "swish")]},
     # Element-wise math outside the patterns above: stand-alone activations.
     **{op: _unary("act", op.lower()) for op in ("Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Erf", "Pow")},
-    "Add": _binary("add", bias=True), "Sub": _binary("add", "sub"), "Mul": _binary("mul"),
-    "Div": _binary("mul", "div"),
+    "Add": _binary("add", bias=True), "Sub": _binary("add", "sub"), "Mul": _binary("mul", scale=True),
+    "Div": _binary("mul", "div", scale=True),
     "Concat": _concat, "Split": _split,
     "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
     "GlobalMaxPool": _pool("max", global_=True), "GlobalAveragePool": _pool("avg", global_=True),

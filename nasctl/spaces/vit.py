@@ -276,7 +276,7 @@ def _block_layers(block: dict, ch: int, h: int, w: int, tokens: int, classes: in
             add("data", (1, t, heads, d), perm_out, ab, name=f"{part}.heads", fn="transpose")
         layers.append(LayerSpec("matmul", d, t, (t, heads), (t, heads), w_bits=ab, a_bits=ab, segment=segment,
                                 bias=False, name=f"{prefix}.scores"))
-        add("mul", (1, heads, t, t), (1, heads, t, t), ab, name="scale")
+        # (the scores' scaling by 1/sqrt(d) is folded into the product, as onnxruntime runs it)
         add("softmax", (1, heads, t, t), (1, heads, t, t), ab, name="softmax")
         layers.append(LayerSpec("matmul", t, d, (t, heads), (t, heads), w_bits=ab, a_bits=ab, segment=segment,
                                 bias=False, name=f"{prefix}.mix"))

@@ -104,6 +104,29 @@ def test_matmul_between_activations(tmp_path):
     assert (layer.macs, layer.params) == (2 * 5 * 5 * 8, 0)
 
 
+@pytest.mark.parametrize("nodes, inits, folded", [
+    # attention scores scaled after the product, or a query scaled before it: onnxruntime
+    # folds the scalar into the product (FusedMatMul's alpha)
+    ([node("MatMul", ["q", "k"], ["s"]), node("Mul", ["s", "c"], ["y"])], [const("c", 0.125)], True),
+    ([node("MatMul", ["q", "k"], ["s"]), node("Div", ["s", "c"], ["y"])], [const("c", 8.0)], True),
+    ([node("Mul", ["q", "c"], ["qs"]), node("MatMul", ["qs", "k"], ["y"])], [const("c", 0.125)], True),
+    # not a scalar, or dividing the scalar by the scores: an element-wise op of its own
+    ([node("MatMul", ["q", "k"], ["s"]), node("Mul", ["s", "c"], ["y"])], [const("c", np.ones(5) * 0.1)], False),
+    ([node("MatMul", ["q", "k"], ["s"]), node("Div", ["c", "s"], ["y"])], [const("c", 8.0)], False),
+])
+def test_a_scalar_scaling_a_product_of_activations_is_folded_as_onnxruntime_fuses_it(tmp_path, nodes, inits, folded):
+    import onnxruntime as ort
+
+    inputs = {"q": [1, 2, 5, 8], "k": [1, 2, 8, 5]}
+    layers = layers_of(tmp_path, nodes, inputs, ["y"], inits)
+    assert [l.op for l in layers] == (["matmul"] if folded else ["matmul", "mul"])
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    ort.InferenceSession(str(tmp_path / "m.onnx"), options, providers=["CPUExecutionProvider"])
+    ran = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
+    assert ("FusedMatMul" in ran and not {"Mul", "Div"} & set(ran)) == folded, ran
+
+
 @pytest.mark.parametrize("nodes, inits, params", [
     # the 216 weights of a conv 3->8 (3x3) without bias, not 224
     ([node("Conv", ["x", "w"], ["y"])], [weight("w", 8, 3, 3, 3)], 216),
