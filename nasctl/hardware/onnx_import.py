@@ -23,6 +23,9 @@ What runtimes fuse is fused here too:
     gives the layer a bias (`LayerSpec.bias`), as does a Conv's bias input or a Gemm's
     constant C.  A MatMul has no bias of its own: only a constant Add folded into it;
   - an activation right after a conv or linear becomes its `fn` (no layer of its own);
+  - a float Mul (or Div) by a constant scalar on the output or an input of a product of two
+    activations (attention scores scaled by 1/sqrt(d)) is folded into the product, as
+    onnxruntime runs it (FusedMatMul);
   - multi-node patterns become one node before the handlers see them (`PATTERNS`):
     Erf-based GELU (Div/Erf/Add/Mul/Mul), HardSwish as HardSigmoid*x or x*Clip(x+3)/6,
     Swish as x*Sigmoid(x), and layer norm spelled ReduceMean/Sub/Pow/ReduceMean/Add/
