@@ -63,7 +63,8 @@ def train(
         progress.stop()
     if as_json:
         return print_json({"path": str(folder), **card})
-    out.print(f"supernet '{card['name']}' of space '{card['space']}' trained for {card['epochs_done']} epoch{'s' * (card['epochs_done'] != 1)} "
+    epochs = card["epochs_done"]
+    out.print(f"supernet '{card['name']}' of space '{card['space']}' trained for {epochs} epoch{'s' * (epochs != 1)} "
               f"in {card['train_seconds']:.0f} s: {folder}")
     out.print(f"search with it: nasctl search --space {space} --accuracy supernet:{card['name']} --seed {seed}")
 

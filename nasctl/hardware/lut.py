@@ -35,8 +35,8 @@ Every priced layer also pays `overhead.per_layer_ms` and its kernel group's
 in-context time leaves out or holds of its neighbours', fitted by `hw profile` to the
 context networks' end-to-end times), and the first layer of a list carries
 `overhead.per_model_ms`, the fixed cost of one inference run; these are fitted from
-end-to-end measurements (`nasctl.hardware.fit`, `nasctl.hardware.measure.profile`).  With no energy column the device
-models latency only (`models_energy: false`).
+end-to-end measurements (`nasctl.hardware.fit`, `nasctl.hardware.measure.profile`).  With
+no energy column the device models latency only (`models_energy: false`).
 """
 
 from __future__ import annotations

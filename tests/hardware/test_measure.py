@@ -6,7 +6,7 @@ import pytest
 
 from nasctl.errors import UsageError
 from nasctl.hardware.layers import LayerSpec
-from nasctl.hardware.lut import LUT_COLUMNS, LutDevice, kernel_group, kernel_type, layer_from_row, read_lut
+from nasctl.hardware.lut import LUT_COLUMNS, LutDevice, kernel_type, layer_from_row, read_lut
 from nasctl.hardware.onnx_import import import_onnx
 from nasctl.hardware.measure.attribution import attribute, in_context_costs, measure_networks
 from nasctl.hardware.measure.context import TAG, NetBuilder, quantize, random_network
@@ -146,9 +146,9 @@ def test_quick_profile_builds_a_device_that_prices_layers(tmp_path):
 
     hit = layer_from_row(rows[0])
     cost = device.estimate([LayerSpec("add", 1, 1, (1, 1), (1, 1)), hit]).costs[1]
-    offset = fitted.spec["overhead"].get("per_kernel_ms", {}).get(kernel_group(hit), 0.0)
-    assert cost.mapping == "table" and cost.latency_ms == pytest.approx(max(rows[0]["latency_ms"] + per_layer + offset,
-                                                                            min(rows[0]["latency_ms"], 1e-4)))
+    # too few context networks to fit per-kernel offsets on held-out folds: none, and the spec says why
+    assert fitted.spec["overhead"]["per_kernel_ms"] == {} and "not fitted" in fitted.spec["fit"]["kernel_offsets"]["note"]
+    assert cost.mapping == "table" and cost.latency_ms == pytest.approx(rows[0]["latency_ms"] + per_layer)
     convs = [r for r in rows if r["op"] == "conv" and r["groups"] == 1]
     assert convs, "a profile always measures dense convs"
     sweep = [device.estimate([LayerSpec("conv", 48, c, (20, 20), (20, 20), (3, 3), fn="relu")]).latency_ms

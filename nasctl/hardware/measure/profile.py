@@ -169,7 +169,8 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
     return fitted
 
 
-def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredNetwork], spec: dict, folds: int = 5, seed: int = 0, penalty: float = 0.01,
+def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredNetwork], spec: dict,
+                   folds: int = 5, seed: int = 0, penalty: float = 0.01,
                    bounds_ms: tuple[float, float] = (-0.002, 0.01)) -> tuple[dict[str, float], dict]:
     """Per kernel group (`lut.kernel_group`), a fixed cost added to each of its layers, fitted
     so that the context networks' prices add up to their end-to-end times.
@@ -211,7 +212,8 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     before, after = price / y - 1, (price + count @ x) / y - 1
     within = lambda e: round(float(np.mean(np.abs(e) <= 0.10)), 4)  # noqa: E731
     return offsets, {"folds": folds, "networks": n, "penalty_per_us": penalty,
-                     "out_of_fold_within_10pct": {"without": within(before), "with (in-sample offsets)": within(after)}}
+                     "out_of_fold_within_10pct": {"without_offsets": within(before),
+                                                  "with_offsets_fitted_on_all": within(after)}}
 
 
 def refit_profile(name: str, folder: Path):
