@@ -9,9 +9,10 @@ import yaml
 from typer.testing import CliRunner
 
 from nasctl.cli import app
+from tests.cli.cli_helpers import SMALL_SPACE
 
 runner = CliRunner()
-FAST = ["--epochs", "1", "--strategy", "random"]
+FAST = ["--epochs", "1", "--strategy", "random", "--space", SMALL_SPACE]
 
 
 def search(*args):
@@ -155,7 +156,7 @@ def test_repeats_average_trainings_with_other_seeds(tmp_path, monkeypatch):
     from nasctl.evaluation.datasets import load_dataset
     from nasctl.spaces.loader import load_space
 
-    space, data = load_space("ee-mbv2"), load_dataset("digits", 3)
+    space, data = load_space(SMALL_SPACE), load_dataset("digits", 3)
     arch = json.loads(first["arch"])
     settings = train.TrainSettings(epochs=1, threads=1)  # as the search trains on 8x8 digits
     runs = [real(space, arch, data, settings, seed=s) for s in seeds[:3]]

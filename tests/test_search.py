@@ -9,9 +9,10 @@ from typer.testing import CliRunner
 
 from nasctl.cli import app
 from nasctl.objectives import minimisation_matrix, pareto_mask
+from tests.cli.cli_helpers import SMALL_SPACE
 
 runner = CliRunner()
-TINY = ["--budget", "4", "--epochs", "1"]
+TINY = ["--budget", "4", "--epochs", "1", "--space", SMALL_SPACE]
 
 
 def search(*args):
@@ -25,7 +26,7 @@ def read_csv(path):
 
 def test_tiny_search_writes_run_folder_and_front(tmp_path):
     run = tmp_path / "run"
-    result = search(*TINY, "--seed", "3", "--run-dir", str(run), "--json")
+    result = search("--budget", "4", "--epochs", "1", "--seed", "3", "--run-dir", str(run), "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)  # stdout holds the JSON document and nothing else
     assert doc["run_dir"] == str(run)
@@ -59,7 +60,7 @@ def test_tiny_search_writes_run_folder_and_front(tmp_path):
 def test_same_seed_same_trials(tmp_path):
     runs = []
     for name in ("a", "b"):
-        result = search("--budget", "4", "--epochs", "1", "--seed", "7", "--run-dir", str(tmp_path / name))
+        result = search(*TINY, "--seed", "7", "--run-dir", str(tmp_path / name))
         assert result.exit_code == 0, result.output
         rows = read_csv(tmp_path / name / "trials.csv")
         runs.append([{k: v for k, v in r.items() if k != "train_s"} for r in rows])
@@ -77,12 +78,12 @@ def test_infeasible_constraint_fails_clearly_and_keeps_trials(tmp_path):
 
 def test_constraint_shapes_the_front(tmp_path):
     run = tmp_path / "run"
-    result = search(*TINY, "--max-params", "40000", "--run-dir", str(run), "--json")
+    result = search(*TINY, "--max-params", "6000", "--run-dir", str(run), "--json")
     if result.exit_code == 0:
         front = json.loads(result.stdout)["front"]
-        assert all(r["params"] <= 40000 for r in front)
+        assert all(r["params"] <= 6000 for r in front)
     trials = read_csv(run / "trials.csv")
-    assert all((t["feasible"] == "true") == (int(t["params"]) <= 40000) for t in trials)
+    assert all((t["feasible"] == "true") == (int(t["params"]) <= 6000) for t in trials)
 
 
 def test_existing_run_folder_is_refused(tmp_path):
