@@ -18,8 +18,9 @@ alignment to vector blocks and the activation.  Predictions are of log latency, 
 prices are always positive.  The spec names each type's regressor (`regressors:`,
 chosen by `nasctl hw fit` / `hw profile` by cross-validated error):
 
-  additive  latency = a non-negative mix of a fixed cost, MACs, elements moved, weights
-            and an unfused activation's extra pass (few rows, or costs linear in work);
+  additive  latency = a non-negative mix of a fixed cost, MACs, elements moved, weights,
+            an unfused activation's extra pass and, for a batched product of two
+            activations, one fixed cost per product (few rows, or costs linear in work);
   ridge     a regularised log-log linear model;
   boost     gradient-boosted trees predicting the log of the time per unit of work;
   nearest   the time per unit of work of the 5 most similar measured kernels.
@@ -243,11 +244,22 @@ def features(layers: Sequence[LayerSpec]) -> np.ndarray:
                       *(l.fn == f for f in FN_VOCAB)] for l in layers], dtype=float).reshape(len(layers), len(FEATURES))
 
 
+def _products(layer: LayerSpec) -> int:
+    """The matrix products a layer runs one after another: a product of two activations
+    over a batch (`matmul`, e.g. attention scores over heads: positions (M, batch)) is one
+    GEMM call per batch item, each with its own fixed cost; any other layer, none."""
+    return layer.in_hw[1] if layer.op == "matmul" else 0
+
+
+TERMS = 6
+
+
 def _terms(layers: Sequence[LayerSpec]) -> np.ndarray:
     """The physical terms of an `additive` regressor: a fixed cost, MACs, elements moved,
-    weights, and the output again for an activation the kernel does not fuse."""
-    return np.array([[1.0, l.macs, l.in_elems + l.out_elems, l.params,
-                      l.out_elems * (l.fn in _UNFUSED)] for l in layers], dtype=float).reshape(len(layers), 5)
+    weights, the output again for an activation the kernel does not fuse, and the matrix
+    products of a batched product (`_products`)."""
+    return np.array([[1.0, l.macs, l.in_elems + l.out_elems, l.params, l.out_elems * (l.fn in _UNFUSED),
+                      _products(l)] for l in layers], dtype=float).reshape(len(layers), TERMS)
 
 
 # --- regressors (log latency from layers; fitted on first use, nothing pickled) ----
@@ -300,7 +312,8 @@ class _Additive:
         return {"w": self.w.tolist()}
 
     def restore(self, state: dict):
-        self.w = np.array(state["w"])
+        # weights saved before a term was added price without it (weight 0)
+        self.w = np.pad(np.array(state["w"], dtype=float), (0, max(0, TERMS - len(state["w"]))))
         return self
 
     def predict(self, layers):

@@ -241,6 +241,27 @@ def test_small_kernels_between_measured_sizes_pay_their_fixed_cost(kind):
     assert prices == pytest.approx([1e-3 + l.macs * 1e-7 for l in mid], rel=0.25)
 
 
+def test_a_batched_product_pays_a_fixed_cost_per_product():
+    # Attention scores over heads: a product of two activations [heads, T, d] @ [heads, d, T]
+    # costs 0.5 µs + 0.4 µs per head + 0.1 ns per MAC (one GEMM call per head).  Fitted on
+    # 1- and 4-head rows, the additive regressor prices 2 and 8 heads within 5%: the same
+    # MACs over more heads cost more.  Weights saved before the per-product term price as
+    # they did (the term weighs nothing).
+    from nasctl.hardware.lut import _Additive, _terms, fit_regressor
+
+    def scores(tokens, width, heads):
+        return LayerSpec("matmul", width // heads, tokens, (tokens, heads), (tokens, heads))
+
+    truth = lambda l: 5e-4 + 4e-4 * l.in_hw[1] + 1e-7 * l.macs  # noqa: E731
+    rng = np.random.default_rng(0)
+    seen = [scores(t, w, h) for t in (5, 17, 65) for w in (16, 32, 64) for h in (1, 4)]
+    model = fit_regressor("additive", seen, np.array([truth(l) * rng.uniform(0.98, 1.02) for l in seen]))
+    new = [scores(t, 32, h) for t in (9, 37) for h in (2, 8)]
+    assert np.exp(model.predict(new)) == pytest.approx([truth(l) for l in new], rel=0.05)
+    old = _Additive().restore({"w": model.state["w"][:5]})
+    assert np.exp(old.predict(new)) == pytest.approx(_terms(new)[:, :5] @ model.w[:5])
+
+
 def test_per_kernel_offsets_apply_by_kernel_group_down_to_a_floor(rows):
     from nasctl.hardware.lut import KERNEL_FLOOR_MS, kernel_group
 
