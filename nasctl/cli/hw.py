@@ -227,18 +227,27 @@ def validate(
     models: Annotated[list[Path], typer.Argument(help="ONNX models to measure and predict.", show_default=False)],
     device: Annotated[str, typer.Option(help="Device name or YAML path.")] = LOCAL,
     rounds: Annotated[int, typer.Option(min=2, help="Interleaved timing rounds.")] = 15,
+    spread: Annotated[float, typer.Option(min=0, help="Seconds the rounds are spread over (a pause after a "
+                                                      "round that ends early), so that a busy spell of the "
+                                                      "machine shorter than that cannot reach every round.")] = 3.0,
+    sessions: Annotated[int, typer.Option(min=1, help="Sessions each model is opened in; its time is the "
+                                                      "fastest one's (one session's buffers can run slower "
+                                                      "than another's on a shared machine).")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ):
     """Measure ONNX models end to end on this machine and compare with a device's predictions.
 
     Every model is timed with onnxruntime by the device's protocol (its threads;
-    interleaved rounds, minimum) and priced by the device; prints each model's error and
-    the share of models within ±5% and ±10%, and the RMS percentage error."""
+    interleaved rounds spread over --spread seconds, minimum over rounds and --sessions
+    sessions) and priced by the device;
+    prints each model's error and the share of models within ±5% and ±10%, and the RMS
+    percentage error."""
     from ..hardware.measure.profile import validate_models
 
     dev = _device(device)
     with _Bar("measuring") as bar:
-        doc = validate_models(dev, models, rounds=rounds, on_progress=bar.update)
+        doc = validate_models(dev, models, rounds=rounds, on_progress=bar.update, spread_s=spread,
+                              sessions=sessions)
     if as_json:
         return print_json(doc)
     table = Table("model", "predicted ms", "measured ms", "error")

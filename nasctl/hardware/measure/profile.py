@@ -239,17 +239,19 @@ def refit_profile(name: str, folder: Path):
 
 
 def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int = 0,
-                    on_progress: Optional[Callable[[int, int, str], None]] = None, compare: Sequence = ()) -> dict:
-    """Predicted vs measured end-to-end latency of ONNX models on this machine.  The devices
-    in `compare` are priced against the same measurements (`compared`, one document each):
-    the measuring noise is then the same for all."""
+                    on_progress: Optional[Callable[[int, int, str], None]] = None, compare: Sequence = (),
+                    spread_s: float = 3.0, sessions: int = 3) -> dict:
+    """Predicted vs measured end-to-end latency of ONNX models on this machine: each model
+    the fastest of `sessions` sessions, the rounds spread over `spread_s` seconds
+    (`Protocol`).  The devices in `compare` are priced against the same measurements
+    (`compared`, one document each): the measuring noise is then the same for all."""
     from ..onnx_import import import_onnx
 
     def recorded(dev) -> list:
         return list(getattr(getattr(dev, "spec", None), "measurement", {}).get("reference_ms", []))
 
     threads = int(getattr(getattr(device, "spec", None), "measurement", {}).get("threads", 1))
-    protocol = Protocol(threads=threads, rounds=rounds)
+    protocol = Protocol(threads=threads, rounds=rounds, spread_s=spread_s, sessions=sessions)
     imported = [import_onnx(Path(path)) for path in paths]
     # The profile's reference networks, measured beside the models where the device records
     # their times: how much slower (or faster) the machine runs now than when profiled.

@@ -72,6 +72,15 @@ class Protocol:
     rounds: int = 15
     repeats: int = 3
     warmup: int = 2
+    # The rounds are paced to span at least this many seconds of wall time (a pause after
+    # a round that ended early): a busy spell of the machine shorter than that cannot reach
+    # every round, so the minimum escapes it.  Unpaced, the 15 rounds of a few small
+    # models last a fraction of a second, and a spell of a second slows every round.
+    spread_s: float = 0.0
+    # End to end, each model is opened in this many sessions (timed interleaved with the
+    # rest) and its time is the fastest session's: on a shared machine one session's
+    # buffers can run up to 1.5x slower than another's for the whole of a measurement.
+    sessions: int = 1
 
     @property
     def clock(self) -> str:
@@ -79,7 +88,8 @@ class Protocol:
 
     def describe(self) -> dict:
         return {"threads": self.threads, "rounds": self.rounds, "repeats_per_round": self.repeats,
-                "warmup_runs": self.warmup, "clock": self.clock,
+                "warmup_runs": self.warmup, "clock": self.clock, "rounds_spread_over_s": self.spread_s,
+                "sessions_per_model": self.sessions,
                 "statistic": "minimum over rounds of the fastest run per round, items interleaved round-robin",
                 "clock_note": ("CPU time of the calling thread (onnxruntime computes on it with one thread): "
                                "wall-clock latency on an idle core, blind to other processes"
@@ -130,13 +140,14 @@ def random_feed(session, rng: np.random.Generator) -> dict:
 def interleaved_min(runs: Sequence[Callable[[], object]], protocol: Protocol,
                     on_round: Optional[Callable[[], None]] = None) -> np.ndarray:
     """Each run's time (ms) by the protocol: round-robin rounds, fastest of a few repeats
-    per round, minimum over rounds."""
+    per round, minimum over rounds; the rounds paced over `protocol.spread_s` seconds."""
     now = time.thread_time_ns if protocol.clock == "thread_cpu" else time.perf_counter_ns
     for run in runs:
         for _ in range(protocol.warmup):
             run()
     best = np.full(len(runs), np.inf)
-    for _ in range(protocol.rounds):
+    start = time.perf_counter()
+    for r in range(protocol.rounds):
         for i, run in enumerate(runs):
             for _ in range(protocol.repeats):
                 t0 = now()
@@ -144,19 +155,24 @@ def interleaved_min(runs: Sequence[Callable[[], object]], protocol: Protocol,
                 best[i] = min(best[i], now() - t0)
         if on_round is not None:
             on_round()
+        if r + 1 < protocol.rounds:  # the next round starts no earlier than its share of the spread
+            time.sleep(max(0.0, start + protocol.spread_s * (r + 1) / (protocol.rounds - 1) - time.perf_counter()))
     return best / 1e6
 
 
 def measure_models(models: Sequence, protocol: Protocol, seed: int = 0,
                    on_round: Optional[Callable[[], None]] = None) -> np.ndarray:
-    """End-to-end latency (ms) of each ONNX model (paths or bytes), measured together."""
+    """End-to-end latency (ms) of each ONNX model (paths or bytes), measured together: the
+    fastest of its `protocol.sessions` sessions."""
     rng = np.random.default_rng(seed)
-    runs = []
-    for model in models:
-        sess = make_session(model, protocol.threads)
-        feed = random_feed(sess, rng)
-        runs.append(lambda s=sess, f=feed: s.run(None, f))
-    return interleaved_min(runs, protocol, on_round)
+    runs, feeds = [], []
+    for copy in range(max(1, protocol.sessions)):
+        for i, model in enumerate(models):
+            sess = make_session(model, protocol.threads)
+            if copy == 0:
+                feeds.append(random_feed(sess, rng))
+            runs.append(lambda s=sess, f=feeds[i]: s.run(None, f))
+    return interleaved_min(runs, protocol, on_round).reshape(-1, len(models)).min(axis=0)
 
 
 # --- energy ----------------------------------------------------------------------------
