@@ -231,15 +231,15 @@ def validate(
                                                       "round that ends early), so that a busy spell of the "
                                                       "machine shorter than that cannot reach every round.")] = 3.0,
     sessions: Annotated[int, typer.Option(min=1, help="Sessions each model is opened in; its time is the "
-                                                      "fastest one's (one session's buffers can run slower "
+                                                      "median one's (one session's buffers can run slower "
                                                       "than another's on a shared machine).")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ):
     """Measure ONNX models end to end on this machine and compare with a device's predictions.
 
     Every model is timed with onnxruntime by the device's protocol (its threads;
-    interleaved rounds spread over --spread seconds, minimum over rounds and --sessions
-    sessions) and priced by the device;
+    interleaved rounds spread over --spread seconds, minimum over rounds, median over
+    --sessions sessions) and priced by the device;
     prints each model's error and the share of models within ±5% and ±10%, and the RMS
     percentage error."""
     from ..hardware.measure.profile import validate_models

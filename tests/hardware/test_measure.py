@@ -55,9 +55,9 @@ def test_rounds_spread_over_time_escape_a_busy_spell():
         assert time.perf_counter() - start >= spread
 
 
-def test_a_model_is_timed_by_its_fastest_session(monkeypatch):
+def test_a_model_is_timed_by_its_median_session(monkeypatch):
     # Each model opened in three sessions, the first of them slow for the whole measurement
-    # (its buffers in slower memory): the time is the fast sessions', one per model.
+    # (its buffers in slower memory): the time is the typical sessions', one per model.
     import time
 
     from nasctl.hardware.measure import runner

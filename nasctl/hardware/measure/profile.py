@@ -242,7 +242,7 @@ def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int =
                     on_progress: Optional[Callable[[int, int, str], None]] = None, compare: Sequence = (),
                     spread_s: float = 3.0, sessions: int = 3) -> dict:
     """Predicted vs measured end-to-end latency of ONNX models on this machine: each model
-    the fastest of `sessions` sessions, the rounds spread over `spread_s` seconds
+    the median of `sessions` sessions, the rounds spread over `spread_s` seconds
     (`Protocol`).  The devices in `compare` are priced against the same measurements
     (`compared`, one document each): the measuring noise is then the same for all."""
     from ..onnx_import import import_onnx

@@ -78,8 +78,9 @@ class Protocol:
     # models last a fraction of a second, and a spell of a second slows every round.
     spread_s: float = 0.0
     # End to end, each model is opened in this many sessions (timed interleaved with the
-    # rest) and its time is the fastest session's: on a shared machine one session's
-    # buffers can run up to 1.5x slower than another's for the whole of a measurement.
+    # rest) and its time is the median session's: on a shared machine one session's buffers
+    # can run up to 1.5x slower than another's for the whole of a measurement, and a model
+    # runs in the session it gets - the median is the typical one, not the luckiest.
     sessions: int = 1
 
     @property
@@ -163,7 +164,7 @@ def interleaved_min(runs: Sequence[Callable[[], object]], protocol: Protocol,
 def measure_models(models: Sequence, protocol: Protocol, seed: int = 0,
                    on_round: Optional[Callable[[], None]] = None) -> np.ndarray:
     """End-to-end latency (ms) of each ONNX model (paths or bytes), measured together: the
-    fastest of its `protocol.sessions` sessions."""
+    median of its `protocol.sessions` sessions."""
     rng = np.random.default_rng(seed)
     runs, feeds = [], []
     for copy in range(max(1, protocol.sessions)):
@@ -172,7 +173,7 @@ def measure_models(models: Sequence, protocol: Protocol, seed: int = 0,
             if copy == 0:
                 feeds.append(random_feed(sess, rng))
             runs.append(lambda s=sess, f=feeds[i]: s.run(None, f))
-    return interleaved_min(runs, protocol, on_round).reshape(-1, len(models)).min(axis=0)
+    return np.median(interleaved_min(runs, protocol, on_round).reshape(-1, len(models)), axis=0)
 
 
 # --- energy ----------------------------------------------------------------------------
