@@ -43,7 +43,7 @@ def ensure_device(folder: Path, reprofile: bool, kernels: int = 15000, rounds: i
         print(f"fitted again from {spec.parent / MEASUREMENTS_FILE} in {time.perf_counter() - t0:.0f} s")
     elif reprofile or not spec.is_file():
         t0 = time.perf_counter()
-        fitted = profile_machine("cpu-local", Protocol(rounds=rounds), kernels=kernels)
+        fitted = profile_machine("cpu-local", Protocol(rounds=rounds, sessions=3), kernels=kernels)
         write_device(spec.parent, fitted)
         print(f"profiled {fitted.report['networks']} context networks ({fitted.report['layers']} kernels) "
               f"in {time.perf_counter() - t0:.0f} s -> {spec.parent}")

@@ -81,20 +81,23 @@ def profile(
     kernels: Annotated[int, typer.Option(min=20, help="Kernels to measure (in context networks).")] = 15000,
     quick: Annotated[bool, typer.Option("--quick", help="A small, fast profile: 150 kernels, 5 rounds.")] = False,
     rounds: Annotated[int, typer.Option(min=2, help="Interleaved timing rounds.")] = 15,
+    sessions: Annotated[int, typer.Option(min=1, help="Sessions each context network is timed end to end in; "
+                                                      "its time is the median one's.")] = 3,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the random context networks.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ):
     """Measure this machine's onnxruntime CPU kernels in context and write a `kind: lut` device.
 
     Builds random networks of the blocks real models are made of, profiles every kernel
-    inside them and times them end to end (interleaved rounds, minimum), then fits the
+    inside them and times them end to end (interleaved rounds, minimum; the median of
+    --sessions sessions), then fits the
     per-kernel regressors and the per-model overhead.  About ten minutes with the defaults on two cores."""
     from ..hardware.fit import write_device
     from ..hardware.measure.profile import profile_machine
     from ..hardware.measure.timing import Protocol
 
     folder = workspace.new_entry("hardware", device, "device")
-    protocol = Protocol(threads=threads, rounds=5 if quick else rounds, repeats=2 if quick else 3)
+    protocol = Protocol(threads=threads, rounds=5 if quick else rounds, repeats=2 if quick else 3, sessions=sessions)
     with _Bar("profiling") as bar:
         fitted = profile_machine(device, protocol, kernels=150 if quick else kernels, seed=seed, on_progress=bar.update)
     spec_path = write_device(folder, fitted)

@@ -84,6 +84,7 @@ def test_the_runner_measures_without_nasctl_and_the_results_make_a_device(measur
     doc = json.loads((folder / BUNDLE_FILE).read_text())
     assert meta["bundle_id"] == doc["id"] and meta["threads"] == "1" and meta["rounds"] == "2"
     assert meta["machine.onnxruntime"] and meta["clock"] == "thread_cpu"
+    assert meta["sessions"] == "3"  # each network end to end: the median of three sessions
     names = {r[2] for r in table if r[0] == "latency"}
     assert names == {f"net{i:04d}.onnx" for i in range(len(doc["networks"]))} | {"ref0.onnx", "ref1.onnx", "ref2.onnx"}
     assert any(r[0] == "node" for r in table) and any(r[0] == "alone" for r in table)
@@ -99,6 +100,7 @@ def test_the_runner_measures_without_nasctl_and_the_results_make_a_device(measur
     shown = json.loads(invoke("--workspace", ws, "hw", "show", "target", "--json").stdout)
     assert shown["kind"] == "lut" and "bundle" in shown["description"]
     assert shown["measurement"]["bundle"]["id"] == doc["id"] and shown["measurement"]["rounds"] == 2
+    assert shown["measurement"]["sessions_per_model"] == 3
     from nasctl.hardware.loader import load_device
     from nasctl.hardware.measure.bundle import fit_bundle_results
 
@@ -251,6 +253,7 @@ def test_the_runner_refuses_an_incomplete_or_changed_bundle_in_one_line(measured
     data.unlink()
     runner_error(run_isolated(copy / "runner.py", cwd=tmp_path), f"{doc['networks'][0]['data']} is missing")
     runner_error(run_isolated(copy / "runner.py", "--rounds", 1, cwd=tmp_path), "--rounds 1: must be at least 2")
+    runner_error(run_isolated(copy / "runner.py", "--sessions", 0, cwd=tmp_path), "--sessions 0: must be at least 1")
     (copy / BUNDLE_FILE).unlink()
     runner_error(run_isolated(copy / "runner.py", cwd=tmp_path), "bundle.json is missing")
     assert not (copy / "results.csv").exists()

@@ -241,7 +241,7 @@ def read_results(results: Path):
         raise UsageError(f"{what}: measured by a runner.py other than bundle {doc['id']}'s (its SHA-256 differs)")
     try:
         protocol = Protocol(threads=int(meta["threads"]), rounds=int(meta["rounds"]), repeats=int(meta["repeats"]),
-                            warmup=int(meta["warmup"]))
+                            warmup=int(meta["warmup"]), sessions=int(meta.get("sessions", 1)))
     except (KeyError, ValueError) as e:
         raise UsageError(f"{what}: its protocol rows are missing or malformed ({type(e).__name__}: {e})") from None
 

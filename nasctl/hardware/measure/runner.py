@@ -14,7 +14,9 @@ from the same measurements.
 Timing protocol (both for kernels and end to end): sessions run with the requested
 number of intra-op threads (default 1) and sequential execution; items are timed
 round-robin - each round runs every item a few times and keeps its fastest run - and an
-item's time is its minimum over all rounds.  Plain medians drift by ~8% between runs
+item's time is its minimum over all rounds; end to end, a model opened in several
+sessions (`--sessions`, default 3) takes the median session's time, for one session's
+buffers can run up to 1.5x slower than another's on a shared machine.  Plain medians drift by ~8% between runs
 minutes apart on a shared machine; the interleaved minimum repeats within ~1%.  With one
 thread onnxruntime computes on the calling thread, so the clock is that thread's CPU
 time: the same as wall-clock latency on an idle core, and blind to time the OS gives to
@@ -167,12 +169,24 @@ def measure_models(models: Sequence, protocol: Protocol, seed: int = 0,
     median of its `protocol.sessions` sessions."""
     rng = np.random.default_rng(seed)
     runs, feeds = [], []
-    for copy in range(max(1, protocol.sessions)):
-        for i, model in enumerate(models):
+    for model in models:
+        sess = make_session(model, protocol.threads)
+        feeds.append(random_feed(sess, rng))
+        runs.append(lambda s=sess, f=feeds[-1]: s.run(None, f))
+    return _end_to_end(models, feeds, runs, protocol, on_round)
+
+
+def _end_to_end(models: Sequence, feeds: Sequence[dict], first: list, protocol: Protocol,
+                on_round: Optional[Callable[[], None]] = None) -> np.ndarray:
+    """Time the models end to end by the protocol, `first` being the runs of one plain
+    session each: `protocol.sessions - 1` more sessions of each are opened beside them
+    (same feeds) and a model's time is the median over its sessions.  `first` keeps the
+    first session's runs."""
+    runs = list(first)
+    for _ in range(max(1, protocol.sessions) - 1):
+        for model, feed in zip(models, feeds):
             sess = make_session(model, protocol.threads)
-            if copy == 0:
-                feeds.append(random_feed(sess, rng))
-            runs.append(lambda s=sess, f=feeds[i]: s.run(None, f))
+            runs.append(lambda s=sess, f=feed: s.run(None, f))
     return np.median(interleaved_min(runs, protocol, on_round).reshape(-1, len(models)), axis=0)
 
 
@@ -334,7 +348,7 @@ def time_together(paths: Sequence[Path], protocol: Protocol, workdir: Path, rng:
     for path, feed in zip(paths, feeds):
         sess = make_session(path, protocol.threads)
         runs.append(lambda s=sess, f=feed: s.run(None, f))
-    latency = interleaved_min(runs, protocol, on_round)
+    latency = _end_to_end(paths, feeds, runs, protocol, on_round)
     return profiles, latency, ([energy_per_run_mj(run) for run in runs] if energy else None)
 
 
@@ -505,7 +519,8 @@ def run_bundle(folder: Path, protocol: Protocol, out: Path,
             meta = {"results_format": RESULTS_FORMAT, "bundle_format": doc["format"], "bundle_id": doc["id"],
                     "runner_sha256": sha256_of(Path(__file__)), "threads": protocol.threads,
                     "rounds": protocol.rounds, "repeats": protocol.repeats, "warmup": protocol.warmup,
-                    "clock": protocol.clock, "measuring_seconds": round(time.perf_counter() - start, 1),
+                    "sessions": protocol.sessions, "clock": protocol.clock,
+                    "measuring_seconds": round(time.perf_counter() - start, 1),
                     **{f"machine.{k}": v for k, v in machine(doc.get("opset")).items()}}
             rows[:0] = [["meta", "", "", k, v, "", ""] for k, v in meta.items()]
             writer = csv.writer(f)
@@ -539,10 +554,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads (default 1)")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds (default 15)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per item and round (default 3)")
+    ap.add_argument("--sessions", type=int, default=3,
+                    help="sessions each network is timed end to end in, the median one's time (default 3)")
     ap.add_argument("--out", type=Path, help=f"the results CSV (default: {RESULTS_FILE} in the bundle folder)")
     args = ap.parse_args(argv)
     for flag, value, least in (("--threads", args.threads, 1), ("--rounds", args.rounds, 2),
-                               ("--repeats", args.repeats, 1)):
+                               ("--repeats", args.repeats, 1), ("--sessions", args.sessions, 1)):
         if value < least:
             print(f"runner: error: {flag} {value}: must be at least {least}", file=sys.stderr)
             return 2
@@ -562,8 +579,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(line, file=sys.stderr, flush=True)
 
     try:
-        run_bundle(args.bundle, Protocol(threads=args.threads, rounds=args.rounds, repeats=args.repeats),
-                   out, progress)
+        run_bundle(args.bundle, Protocol(threads=args.threads, rounds=args.rounds, repeats=args.repeats,
+                                         sessions=args.sessions), out, progress)
     except InputError as e:
         print(f"{chr(10) if tty else ''}runner: error: {e}", file=sys.stderr)
         return 2
