@@ -176,11 +176,12 @@ def test_keep_weights_front_keeps_only_the_front_and_none_keeps_nothing(tmp_path
     from nasctl.config import make_config
     from nasctl.engine import run_search
 
-    front = run_search(make_config(None, "setting", space=SMALL_SPACE, budget=3, epochs=1, seed=1, keep_weights="front"), tmp_path / "f")
+    small = dict(space=SMALL_SPACE, epochs=1)
+    front = run_search(make_config(None, "setting", **small, budget=3, seed=1, keep_weights="front"), tmp_path / "f")
     assert len(list((tmp_path / "f" / "models").iterdir())) == len(front.front)
-    two = run_search(make_config(None, "setting", space=SMALL_SPACE, budget=2, epochs=1, seed=2, workers=2), tmp_path / "w")
+    two = run_search(make_config(None, "setting", **small, budget=2, seed=2, workers=2), tmp_path / "w")
     assert len(list((tmp_path / "w" / "models").iterdir())) == len(two.trials) == 2  # workers keep theirs
-    none = run_search(make_config(None, "setting", space=SMALL_SPACE, budget=1, epochs=1, seed=1, keep_weights="none"), tmp_path / "n")
+    none = run_search(make_config(None, "setting", **small, budget=1, seed=1, keep_weights="none"), tmp_path / "n")
     assert not (tmp_path / "n" / "models").exists()
     one_line_error(invoke("export", none.run_dir, "--trial", 0), 2, "--keep-weights none")
     # a resumed run keeps the weights of the trials it adds

@@ -14,10 +14,10 @@ from the same measurements.
 Timing protocol (both for kernels and end to end): sessions run with the requested
 number of intra-op threads (default 1) and sequential execution; items are timed
 round-robin - each round runs every item a few times and keeps its fastest run - and an
-item's time is its minimum over all rounds; end to end, a model opened in several
-sessions (`--sessions`, default 3) takes the median session's time, for one session's
-buffers can run up to 1.5x slower than another's on a shared machine.  Plain medians drift by ~8% between runs
-minutes apart on a shared machine; the interleaved minimum repeats within ~1%.  With one
+item's time is its minimum over all rounds.  Plain medians drift by ~8% between runs
+minutes apart on a shared machine; the interleaved minimum repeats within ~1%.  End to
+end, a model is opened in several sessions (`--sessions`, default 3) and takes the median
+session's time: one session's buffers can run up to 1.5x slower than another's.  With one
 thread onnxruntime computes on the calling thread, so the clock is that thread's CPU
 time: the same as wall-clock latency on an idle core, and blind to time the OS gives to
 other processes.  With more threads the clock is wall-clock time.
@@ -93,7 +93,8 @@ class Protocol:
         return {"threads": self.threads, "rounds": self.rounds, "repeats_per_round": self.repeats,
                 "warmup_runs": self.warmup, "clock": self.clock, "rounds_spread_over_s": self.spread_s,
                 "sessions_per_model": self.sessions,
-                "statistic": "minimum over rounds of the fastest run per round, items interleaved round-robin",
+                "statistic": "minimum over rounds of the fastest run per round, items interleaved round-robin; "
+                             "end to end, the median over each model's sessions",
                 "clock_note": ("CPU time of the calling thread (onnxruntime computes on it with one thread): "
                                "wall-clock latency on an idle core, blind to other processes"
                                if self.clock == "thread_cpu" else "wall-clock time")}
@@ -178,10 +179,9 @@ def measure_models(models: Sequence, protocol: Protocol, seed: int = 0,
 
 def _end_to_end(models: Sequence, feeds: Sequence[dict], first: list, protocol: Protocol,
                 on_round: Optional[Callable[[], None]] = None) -> np.ndarray:
-    """Time the models end to end by the protocol, `first` being the runs of one plain
-    session each: `protocol.sessions - 1` more sessions of each are opened beside them
-    (same feeds) and a model's time is the median over its sessions.  `first` keeps the
-    first session's runs."""
+    """Time the models end to end by the protocol.  `first` runs each model in a session
+    of its own; `protocol.sessions - 1` more sessions of each are opened beside them (same
+    feeds), and a model's time is the median over its sessions."""
     runs = list(first)
     for _ in range(max(1, protocol.sessions) - 1):
         for model, feed in zip(models, feeds):
