@@ -30,7 +30,7 @@ these kernel groupings:
 
   kernels       one cost per distinct kernel (`LayerSpec.shape_key`): needs more models
                 than distinct kernels;
-  types         per kernel type (op; dense and depthwise convs apart), a cost per unit of
+  types         per kernel type (op; dense, grouped and depthwise convs apart), a cost per unit of
                 work (MACs for conv/linear/matmul, elements read and written otherwise)
                 plus a cost per layer;
   types-shared  a cost per unit of work per type and one per-layer cost for all types:

@@ -9,7 +9,7 @@ documented in `nasctl.hardware.fit` and `nasctl hw fit --help`.
 
 Pricing a layer: a row with the layer's exact shape (`LayerSpec.shape_key`) gives its
 cost as stored; any other layer is priced by a regressor fitted (the first time the device
-needs it) to the rows of its kernel type (the op; convs split into dense and depthwise; quantized
+needs it) to the rows of its kernel type (the op; convs split into dense, grouped and depthwise; quantized
 kernels apart from float ones, and those that run dequantized apart again - priced as
 fused ones where the table has none, or only kernels of less than an eighth of the
 layer's work, and then as float kernels, likewise) on log-scale features - MACs, elements
@@ -32,7 +32,7 @@ table's SHA-256, with the table's rows as read and checked, which load faster th
 CSV), and a device whose table changed since refits them (and reads the CSV).
 
 Every priced layer also pays `overhead.per_layer_ms` and its kernel group's
-`overhead.per_kernel_ms` (the op, convs split into dense and depthwise: what a kernel's
+`overhead.per_kernel_ms` (the op, convs split into dense, grouped and depthwise: what a kernel's
 in-context time leaves out or holds of its neighbours', fitted by `hw profile` to the
 context networks' end-to-end times), and the first layer of a list carries
 `overhead.per_model_ms`, the fixed cost of one inference run; these are fitted from
@@ -187,23 +187,33 @@ def write_lut(path: Path, rows: Sequence[dict]) -> None:
 
 
 def kernel_type(layer: LayerSpec) -> str:
-    """What a regressor is fitted per: the op, convs split into dense and depthwise, and
-    the bit widths where they are not float32 (quantized kernels are other kernels, and
-    those that run dequantized others again)."""
+    """What a regressor is fitted per: the op, convs split into dense, grouped and
+    depthwise, and the bit widths where they are not float32 (quantized kernels are other
+    kernels, and those that run dequantized others again)."""
     return _type_of(layer.op, layer.groups, layer.in_ch, layer.w_bits, layer.a_bits, layer.dequantized)
 
 
 def kernel_group(layer: LayerSpec) -> str:
     """What a per-kernel offset (`overhead.per_kernel_ms`) is fitted per: the op, convs
-    split into dense and depthwise, whatever the bit widths."""
+    split into dense, grouped and depthwise, whatever the bit widths."""
     return _type_of(layer.op, layer.groups, layer.in_ch, 32, 32, False)
 
 
 def _type_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequantized: bool) -> str:
-    name = "conv_dw" if op == "conv" and groups == in_ch and groups > 1 else op
+    # A grouped conv (1 < groups < channels: ResNeXt, RegNet) is a kernel of its own: a
+    # runtime's blocked-layout conv takes it only where each group holds whole vector
+    # blocks, else it runs group by group (onnxruntime: 3x the time per MAC of a dense conv
+    # for groups of 8 channels on AVX-512).
+    name = op if op != "conv" or groups == 1 else "conv_dw" if groups == in_ch else "conv_g"
     if (w_bits, a_bits) == (32, 32):
         return name
     return f"{name}_w{w_bits}a{a_bits}" + ("_dq" if dequantized else "")
+
+
+def _dense_type(ktype: str) -> str:
+    """The dense conv's kernel type for a grouped conv's (`conv_g...` -> `conv...`): what a
+    table without grouped convs prices them from."""
+    return "conv" + ktype[len("conv_g"):] if ktype.startswith("conv_g") else ktype
 
 
 # Activations runtimes do not fuse into a conv or linear kernel: an extra pass over the output.
@@ -350,18 +360,23 @@ class _Nearest:
     nearest rows in the standardised log-feature space, distance-weighted, times this
     kernel's work (MACs with channels padded to vector blocks, else elements moved, plus
     the type's fixed cost in units of work - `_fixed_work`).
-    It is the rows themselves: refitted from the table, never saved."""
+    It is the rows themselves, refitted from the table; only the fixed work is saved
+    (`state`), which spares pricing the least-squares fit and its scipy import."""
 
     k = 5
 
-    def fit(self, layers, y):
+    def fit(self, layers, y, fixed: Optional[float] = None):
         X = features(layers)
         self.mu, self.sd = X.mean(0), X.std(0)
         self.sd[self.sd == 0] = 1.0
         self.Z = (X - self.mu) / self.sd
-        self.fixed = _fixed_work(layers, y)
+        self.fixed = _fixed_work(layers, y) if fixed is None else float(fixed)
         self.rate = y - np.log(_work(layers) + self.fixed)
         return self
+
+    @property
+    def state(self) -> dict:
+        return {"fixed_work": self.fixed}
 
     def predict(self, layers):
         Z = (features(layers) - self.mu) / self.sd
@@ -448,9 +463,27 @@ def _saved_doc(table: Optional[Path]) -> Optional[dict]:
         digest = hashlib.sha256(Path(table).read_bytes()).hexdigest()
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("format") not in (1, 3, 4) or data.get("table") != digest:
+    if not isinstance(data, dict) or data.get("format") not in (1, 3, 4, 5) or data.get("table") != digest:
         return None
+    if data["format"] < 5:  # written before grouped convs were a kernel type of their own
+        data = _without_grouped_split(data)
     return data
+
+
+def _without_grouped_split(data: dict) -> dict:
+    """A `regressors.json` of format 4 or older, read as format 5: its kernels' types taken
+    again (grouped convs were then among the dense ones), and the regressors of the types
+    that lose rows to grouped convs dropped (fitted again when first needed)."""
+    merged = data.get("merged")
+    if not merged:
+        return {**data, "types": {k: v for k, v in data.get("types", {}).items() if not k.startswith("conv")}}
+    c = merged["columns"]
+    dq = c.get(DEQUANTIZED_COLUMN) or [0] * len(c["op"])
+    types = [_type_of(*row) for row in zip(c["op"], c["groups"], c["in_ch"], c["w_bits"], c["a_bits"], map(bool, dq))]
+    changed = {old for old, new in zip(merged["types"], types) if old != new}
+    largest = {k: v for k, v in (data.get("largest") or {}).items() if k not in changed}
+    return {**data, "types": {k: v for k, v in data.get("types", {}).items() if k not in changed},
+            "largest": largest, "merged": {**merged, "types": types}}
 
 
 def _rows_of_columns(columns: dict) -> list[dict]:
@@ -497,7 +530,7 @@ class LutDevice(CostModel):
     def __init__(self, spec: LutSpec, rows: Optional[Sequence[dict]], source: Optional[Path] = None,
                  saved: Optional[dict] = None):
         """`rows`: the table's rows; None to take its distinct kernels from `saved` (a
-        `regressors.json` document of format 4, written for this table)."""
+        `regressors.json` document of format 4 or later, written for this table)."""
         self.spec = spec
         self.name = spec.name
         self.source = source
@@ -597,26 +630,29 @@ class LutDevice(CostModel):
             if isinstance(saved, str):  # kept as JSON text until a layer of its type is priced
                 saved = json.loads(saved)
             # (ridge states saved without their feature bounds, before they had them, are refitted)
-            if saved.get("kind") == kind and (kind != "ridge" or all("lo" in st for st in saved["states"])):
+            restored = saved.get("kind") == kind and (kind != "ridge" or all("lo" in st for st in saved["states"]))
+            if restored and kind != "nearest":
                 self._models[ktype] = [_MAKERS[kind]().restore(state) for state in saved["states"]]
-            else:
+            else:  # fitted to the rows (a nearest-neighbour regressor is its rows, and its saved fixed work)
                 layers = [layer_from_row(r) for r in group]
-                self._models[ktype] = [fit_regressor(kind, layers, np.array([r[t] for r in group]))
-                                       for t in self.targets]
+                fixed = [st["fixed_work"] for st in saved["states"]] if restored else [None] * len(self.targets)
+                self._models[ktype] = [_MAKERS[kind]().fit(layers, np.log(np.array([r[t] for r in group])), f)
+                                       if kind == "nearest" else fit_regressor(kind, layers, np.array([r[t] for r in group]))
+                                       for t, f in zip(self.targets, fixed)]
         return self._models[ktype]
 
     def save_regressors(self) -> Path:
         """Fit every kernel type and write the regressors beside the table
         (`regressors.json`, tied to the table's hash), so that pricing needs no fitting
-        (nearest-neighbour ones excepted: they are the rows themselves)."""
+        (nearest-neighbour ones keep only their fixed work: they are the rows themselves)."""
         # each type's regressors as JSON text of its own: a device parses only the types it prices
         types = {k: json.dumps({"kind": self.chosen[k], "states": [m.state for m in self._regressors(k)]})
-                 for k in self._rows if self.chosen[k] != "nearest"}
+                 for k in self._rows}
         path = Path(self.source).parent / REGRESSORS_FILE
         merged = [(k, r) for k in self._rows for r in self._rows[k]]
         columns = [c for c in (*LUT_COLUMNS, *OPTIONAL_COLUMNS) if all(c in r for _, r in merged)]
         largest = {k: self._largest_work(k) for k in self._rows}
-        path.write_text(json.dumps({"format": 4, "table": self._table_hash(), "targets": self.targets,
+        path.write_text(json.dumps({"format": 5, "table": self._table_hash(), "targets": self.targets,
                                     "types": types, "largest": largest,
                                     "merged": {"columns": {c: [r[c] for _, r in merged] for c in columns},
                                                "types": [k for k, _ in merged]}}),
@@ -643,14 +679,16 @@ class LutDevice(CostModel):
             # The layer's kernel type; where the table has none of it, or only kernels far
             # smaller than this one (a regressor's rate would be extrapolated from fixed
             # costs), the same kernel fused, then the float kernel - what such a QDQ group runs.
-            candidates = [layer, replace(layer, dequantized=False),
-                          replace(layer, w_bits=32, a_bits=32, dequantized=False)]
-            known = [c for c in candidates if kernel_type(c) in self._rows]
+            # A grouped conv of a table without grouped ones is priced from its dense convs.
+            variants = [layer, replace(layer, dequantized=False), replace(layer, w_bits=32, a_bits=32, dequantized=False)]
+            candidates = [(c, kernel_type(c)) for c in variants]
+            candidates += [(c, _dense_type(t)) for c, t in candidates if _dense_type(t) != t]
+            known = [(c, t) for c, t in candidates if t in self._rows]
             if not known:
                 self._cache[key] = None
                 continue
-            priced = next((c for c in known if self._covers(kernel_type(c), c)), known[0])
-            todo.setdefault(kernel_type(priced), {})[key] = (priced, layer)
+            priced, ktype = next(((c, t) for c, t in known if self._covers(t, c)), known[0])
+            todo.setdefault(ktype, {})[key] = (priced, layer)
         for ktype, batch in todo.items():
             values = np.exp(np.column_stack([m.predict([p for p, _ in batch.values()]) for m in self._regressors(ktype)]))
             for (key, (_, layer)), v in zip(batch.items(), values):
@@ -668,7 +706,8 @@ class LutDevice(CostModel):
 
     def _cost(self, values: tuple[float, ...], how: str, layer: LayerSpec) -> LayerCost:
         overhead = self.spec.overhead
-        offset = overhead.per_kernel_ms.get(kernel_group(layer), 0.0)
+        group = kernel_group(layer)
+        offset = overhead.per_kernel_ms.get(group, overhead.per_kernel_ms.get(_dense_type(group), 0.0))
         # a negative offset takes a kernel down to the least in-context cost at most
         least = min(values[0], KERNEL_FLOOR_MS) if offset else 0.0
         return LayerCost(max(values[0] + overhead.per_layer_ms + offset, least),

@@ -177,7 +177,7 @@ def test_fitted_regressors_are_saved_beside_the_table_and_reused_only_for_it(tmp
     assert loaded.estimate(unseen).latency_ms == pytest.approx(fitted.latency_ms, rel=1e-9)
     # the table's distinct kernels come from the saved file too (faster than the CSV), as the CSV gives them
     from_csv = device(read_lut(tmp_path / "lut.csv"), **spec)
-    assert saved["format"] == 4 and loaded._exact == from_csv._exact
+    assert saved["format"] == 5 and loaded._exact == from_csv._exact
     assert sorted(loaded._rows) == sorted(from_csv._rows)
     assert all(loaded._rows[k] == from_csv._rows[k] for k in from_csv._rows)
     # so is the largest kernel of each type (what decides whether a type covers a layer)
@@ -274,3 +274,76 @@ def test_per_kernel_offsets_apply_by_kernel_group_down_to_a_floor(rows):
     assert shifted.estimate([a]).latency_ms == pytest.approx(min(plain.estimate([a]).latency_ms, KERNEL_FLOOR_MS))
     dw = conv(16, 16, 8, groups=16)  # a group without an offset is priced as before
     assert shifted.estimate([dw]).latency_ms == pytest.approx(plain.estimate([dw]).latency_ms)
+
+
+
+def slow_grouped_rows(rng, n=40):
+    """Grouped convs (4 or 8 groups) costing 1 µs + 3 ns per 100 MACs: three times a dense
+    conv's time per MAC (`synthetic_rows`), as onnxruntime runs small groups."""
+    rows = []
+    for _ in range(n):
+        layer = conv(int(rng.choice([32, 64, 96])), int(rng.choice([32, 64, 96])), int(rng.choice([8, 16, 32])),
+                     groups=int(rng.choice([4, 8])), stride=int(rng.choice([1, 2])))
+        rows.append(row_from_layer(layer, (1e-3 + 3 * layer.macs * 1e-8) * rng.uniform(0.97, 1.03)))
+    return rows
+
+
+def test_grouped_convs_are_a_kernel_type_of_their_own_priced_from_dense_convs_where_the_table_has_none(rows):
+    from nasctl.hardware.lut import kernel_group, kernel_type
+
+    grouped = conv(48, 48, 16, groups=6)  # 8 channels a group
+    assert kernel_type(grouped) == "conv_g" and kernel_type(conv(48, 48, 16, groups=6, bits=8)) == "conv_g_w8a8"
+    assert kernel_group(grouped) == "conv_g" and kernel_type(conv(48, 48, 16, groups=48)) == "conv_dw"
+    # A table without grouped convs prices them from its dense convs, with the dense offset.
+    dense_only = device(rows, overhead={"per_kernel_ms": {"conv": 0.002}})
+    cost = dense_only.estimate([grouped]).costs[0]
+    assert "regressor" in cost.mapping and cost.latency_ms > 0.002
+    # Grouped convs that run at 3x a dense conv's time per MAC: priced from their own rows.
+    both = device(rows + slow_grouped_rows(np.random.default_rng(1)), overhead={"per_kernel_ms": {"conv": 0.002}})
+    truth = 1e-3 + 3 * grouped.macs * 1e-8
+    assert both.estimate([grouped]).latency_ms == pytest.approx(truth + 0.002, rel=0.15)
+    assert abs(dense_only.estimate([grouped]).latency_ms / (truth + 0.002) - 1) > 0.3
+    # dense convs are priced as before: the grouped rows are not theirs
+    plain = conv(48, 96, 24)
+    assert both.estimate([plain]).latency_ms == pytest.approx(dense_only.estimate([plain]).latency_ms)
+
+
+def test_regressors_saved_before_grouped_convs_had_a_type_are_read_with_the_types_taken_again(tmp_path, rows):
+    import json
+
+    from nasctl.hardware.fit import FittedDevice, write_device
+
+    spec = {"kind": "lut", "lut": "lut.csv", "regressors": {"conv": "boost", "conv_g": "ridge"}}
+    table = rows + slow_grouped_rows(np.random.default_rng(1))
+    write_device(tmp_path, FittedDevice("t", spec, table))
+    doc = json.loads((tmp_path / "regressors.json").read_text())
+    assert "conv_g" in doc["types"] and "conv_g" in doc["merged"]["types"]
+    # as format 4 wrote it: the grouped convs among the dense ones, one conv regressor for both
+    doc.update(format=4, types={k: v for k, v in doc["types"].items() if k != "conv_g"})
+    doc["merged"]["types"] = ["conv" if t == "conv_g" else t for t in doc["merged"]["types"]]
+    (tmp_path / "regressors.json").write_text(json.dumps(doc))
+    old = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
+    assert "conv" not in old._saved and "add" in old._saved  # the conv regressor lost rows: fitted again
+    fresh = device(read_lut(tmp_path / "lut.csv"), **spec)
+    layers = [conv(48, 48, 16, groups=6), conv(48, 96, 24)]
+    assert old.estimate(layers).latency_ms == pytest.approx(fresh.estimate(layers).latency_ms, rel=1e-9)
+
+
+def test_a_saved_device_prices_with_nearest_neighbours_without_fitting_or_scipy(tmp_path, rows):
+    import subprocess
+    import sys
+
+    from nasctl.hardware.fit import FittedDevice, write_device
+
+    spec = {"kind": "lut", "lut": "lut.csv", "regressors": {"conv": "nearest"}}
+    write_device(tmp_path, FittedDevice("t", spec, rows))
+    expected = device(read_lut(tmp_path / "lut.csv"), **spec).estimate([conv(48, 96, 24)]).latency_ms
+    code = ("import sys\nfrom pathlib import Path\nfrom nasctl.hardware.layers import LayerSpec\n"
+            "from nasctl.hardware.lut import LutDevice\n"
+            f"dev = LutDevice.from_dict({{'name': 't', **{spec!r}}}, Path({str(tmp_path)!r}))\n"
+            "layer = LayerSpec('conv', 48, 96, (24, 24), (24, 24), (3, 3), 1, 1, 32, 32, fn='relu')\n"
+            "cost = dev.estimate([layer]).costs[0]\n"
+            "print(cost.latency_ms, cost.mapping, 'scipy.optimize' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert float(out[0]) == pytest.approx(expected, rel=1e-9)
+    assert out[1] == "nearest" and out[-1] == "False"  # its fixed work was saved: no least-squares fit
