@@ -6,7 +6,7 @@ import pytest
 
 from nasctl.errors import UsageError
 from nasctl.hardware.layers import LayerSpec
-from nasctl.hardware.lut import LUT_COLUMNS, LutDevice, kernel_type, layer_from_row, read_lut
+from nasctl.hardware.lut import LUT_COLUMNS, OPTIONAL_COLUMNS, LutDevice, kernel_type, layer_from_row, read_lut
 from nasctl.hardware.onnx_import import import_onnx
 from nasctl.hardware.measure.attribution import attribute, in_context_costs, measure_networks
 from nasctl.hardware.measure.context import TAG, NetBuilder, quantize, random_network
@@ -186,7 +186,8 @@ def test_quick_profile_builds_a_device_that_prices_layers(tmp_path):
     folder = tmp_path / "hardware" / "cpu-local"
     write_device(folder, fitted)
     rows = read_lut(folder / "lut.csv")
-    assert (folder / "lut.csv").read_text().splitlines()[0] == ",".join(LUT_COLUMNS)
+    header = (folder / "lut.csv").read_text().splitlines()[0].split(",")
+    assert header[:len(LUT_COLUMNS)] == list(LUT_COLUMNS) and set(header[len(LUT_COLUMNS):]) <= set(OPTIONAL_COLUMNS)
     assert all(r["latency_ms"] > 0 for r in rows)
     m = fitted.spec["measurement"]
     assert m["clock"] == "thread_cpu" and m["threads"] == 1 and m["run_overhead_ms"] >= 0

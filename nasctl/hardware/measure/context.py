@@ -510,7 +510,9 @@ def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(1
     between quantization pairs, inside one kernel's tag)."""
     b = NetBuilder(rng, (1, channels, size, size))
     blocks = _Blocks(b, rng, budget)
-    kinds = ("plain", "basic", "bottleneck", "mbconv", "fire", "dense", "shuffle", "grouped", "mixconv",
+    # Grouped convs twice as often as the other blocks: a kernel type of their own (lut), in
+    # many shapes (group width, groups, resolution) that a dense conv's rows say nothing of.
+    kinds = ("plain", "basic", "bottleneck", "mbconv", "fire", "dense", "shuffle", "grouped", "grouped", "mixconv",
              "ghost") + (() if int8 else ("mixer_conv", "convnext"))
     kind = _pick(rng, kinds)
     act = _pick(rng, ("relu", "relu6", "") if int8 else CONV_ACTS[:-2])
