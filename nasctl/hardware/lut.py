@@ -506,7 +506,8 @@ class _TypeRows(Mapping):
         if ktype not in self._built:
             idx = self._index[ktype]  # KeyError for a type the table lacks, as a dict's
             names = list(self._columns)
-            self._built[ktype] = [dict(zip(names, (self._columns[n][i] for n in names))) for i in idx]
+            columns = [[self._columns[n][i] for i in idx] for n in names]  # column by column: fewer steps
+            self._built[ktype] = [dict(zip(names, values)) for values in zip(*columns)]
         return self._built[ktype]
 
     def __contains__(self, ktype) -> bool:
