@@ -413,8 +413,10 @@ def _fixed_work(layers: Sequence[LayerSpec], y: np.ndarray) -> float:
 _MAKERS = {"ridge": _Ridge, "additive": _Additive, "boost": _Boost, "nearest": _Nearest}
 
 
-def fit_regressor(kind: str, layers: Sequence[LayerSpec], values: np.ndarray):
-    return _MAKERS[kind]().fit(list(layers), np.log(values))
+def fit_regressor(kind: str, layers: Sequence[LayerSpec], values: np.ndarray, fixed: Optional[float] = None):
+    """A regressor of `kind` fitted to the layers' costs; `fixed`: a nearest-neighbour
+    regressor's fixed work, as saved (else fitted)."""
+    return _MAKERS[kind]().fit(list(layers), np.log(values), *([] if fixed is None else [fixed]))
 
 
 def cross_validate(kind: str, layers: Sequence[LayerSpec], values: np.ndarray, groups: Optional[Sequence] = None,
@@ -637,8 +639,7 @@ class LutDevice(CostModel):
             else:  # fitted to the rows (a nearest-neighbour regressor is its rows, and its saved fixed work)
                 layers = [layer_from_row(r) for r in group]
                 fixed = [st["fixed_work"] for st in saved["states"]] if restored else [None] * len(self.targets)
-                self._models[ktype] = [_MAKERS[kind]().fit(layers, np.log(np.array([r[t] for r in group])), f)
-                                       if kind == "nearest" else fit_regressor(kind, layers, np.array([r[t] for r in group]))
+                self._models[ktype] = [fit_regressor(kind, layers, np.array([r[t] for r in group]), f)
                                        for t, f in zip(self.targets, fixed)]
         return self._models[ktype]
 
