@@ -384,18 +384,3 @@ def test_kernel_offsets_give_each_layer_what_its_profile_left_out():
     assert priced == pytest.approx(new.latency_ms, rel=0.10)
     assert without < 0.85 * new.latency_ms
 
-
-def test_context_networks_add_grouped_conv_networks_beside_the_seeds_random_ones(tmp_path):
-    from nasctl.hardware.measure.profile import GROUPED_EVERY, context_networks
-
-    networks = context_networks(1200, seed=5)
-    turn = GROUPED_EVERY + 1
-    randoms = [m for i, (m, _) in enumerate(networks) if i % turn != GROUPED_EVERY]
-    rng = np.random.default_rng(5)
-    assert [m.SerializeToString() for m in randoms] == [random_network(rng)[0].SerializeToString() for _ in randoms]
-    grouped = [m for m, _ in networks[GROUPED_EVERY::turn]]
-    assert len(grouped) >= 2
-    for k, model in enumerate(grouped):  # each holds grouped convs: 1 < groups < channels
-        path = tmp_path / f"g{k}.onnx"
-        path.write_bytes(model.SerializeToString())
-        assert any(kernel_type(layer).startswith("conv_g") for layer in import_onnx(path).layers)

@@ -484,23 +484,6 @@ def random_network(rng: np.random.Generator, max_macs: float = 1e8):
     return _cnn_net(rng, size, budget)
 
 
-def grouped_network(rng: np.random.Generator, max_macs: float = 1e8):
-    """A conv net of grouped blocks only (ResNeXt / RegNet: grouped 3x3 convs of 8-64
-    channels a group), a third of them int8: grouped convs are a kernel type of their own
-    (`lut.kernel_type`), in shapes a dense conv's rows say nothing of, and a random network
-    holds few of them."""
-    while True:  # drawn again where the stem alone spent the budget
-        budget = float(np.exp(rng.uniform(np.log(1e6), np.log(max_macs))))
-        size, int8 = _pick(rng, SIZES), bool(rng.random() < 1 / 3)
-        model, description = _cnn_net(rng, size, budget, int8=int8, kinds=("grouped",))
-        if any(a.name == "group" and a.i > 1 for n in model.graph.node for a in n.attribute):
-            break
-    if int8:
-        per_channel = bool(rng.random() < 0.5)
-        return quantize(model, rng, per_channel=per_channel), f"int8{' per-channel' * per_channel} {description}"
-    return model, description
-
-
 TINY_SIZES = (8, 12, 16)  # digits-sized inputs, what small search candidates see
 
 
@@ -521,15 +504,14 @@ def _tiny_net(rng, max_macs: float):
     return model, f"tiny {description}"
 
 
-def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(16, 24, 32, 48, 64),
-             kinds: Optional[Sequence[str]] = None):
-    """A conv net (of blocks of `kinds`, default all); with `int8`, one to be quantized: its
-    activations are those static quantization folds into a kernel's output range (others
-    would run apart, in float between quantization pairs, inside one kernel's tag)."""
+def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(16, 24, 32, 48, 64)):
+    """A conv net; with `int8`, one to be quantized: its activations are those static
+    quantization folds into a kernel's output range (others would run apart, in float
+    between quantization pairs, inside one kernel's tag)."""
     b = NetBuilder(rng, (1, channels, size, size))
     blocks = _Blocks(b, rng, budget)
-    kinds = kinds or ("plain", "basic", "bottleneck", "mbconv", "fire", "dense", "shuffle", "grouped", "mixconv",
-                      "ghost") + (() if int8 else ("mixer_conv", "convnext"))
+    kinds = ("plain", "basic", "bottleneck", "mbconv", "fire", "dense", "shuffle", "grouped", "mixconv",
+             "ghost") + (() if int8 else ("mixer_conv", "convnext"))
     kind = _pick(rng, kinds)
     act = _pick(rng, ("relu", "relu6", "") if int8 else CONV_ACTS[:-2])
     width = _width(rng, _pick(rng, widths))

@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from .attribution import FLOOR_MS, MeasuredNetwork, in_context_costs, measured_network, prepare_networks
-from .context import OPSET, TAG, grouped_network, random_network
+from .context import OPSET, TAG, random_network
 from .runner import Protocol, measure_chunks
 from .timing import measure_models
 
@@ -44,22 +44,14 @@ def reference_networks(n: int = 3) -> list:
     return [random_network(np.random.default_rng(10_000 + k), max_macs=5e6) for k in range(n)]
 
 
-GROUPED_EVERY = 10  # one network of grouped blocks after every this many random ones
-
-
 def context_networks(kernels: int, seed: int = 0) -> list:
     """Random context networks (onnx models with descriptions) until they hold `kernels`
-    kernels: the same for the same seed, in `hw profile` and in `hw bundle`.  After every
-    `GROUPED_EVERY` of them comes one of grouped convs (`grouped_network`), beside the
-    count and drawn from a stream of its own: the random networks are those of the seed
-    either way."""
-    rng, grouped = np.random.default_rng(seed), np.random.default_rng([seed, 1])
+    kernels: the same for the same seed, in `hw profile` and in `hw bundle`."""
+    rng = np.random.default_rng(seed)
     networks, count = [], 0
     while count < kernels:
         networks.append(random_network(rng))
         count += len({m.group(1) for n in networks[-1][0].graph.node if (m := TAG.search(n.name))})
-        if len(networks) % (GROUPED_EVERY + 1) == GROUPED_EVERY:
-            networks.append(grouped_network(grouped))
     return networks
 
 
