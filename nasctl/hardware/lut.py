@@ -36,7 +36,11 @@ Every priced layer also pays `overhead.per_layer_ms` and its kernel group's
 in-context time leaves out or holds of its neighbours', fitted by `hw profile` to the
 context networks' end-to-end times), and the first layer of a list carries
 `overhead.per_model_ms`, the fixed cost of one inference run; these are fitted from
-end-to-end measurements (`nasctl.hardware.fit`, `nasctl.hardware.measure.profile`).  With
+end-to-end measurements (`nasctl.hardware.fit`, `nasctl.hardware.measure.profile`).
+`overhead.working_set` (fitted by `hw profile`) scales a model's kernel costs with the
+size of its weights and activations (`WorkingSet`): the same kernel runs slower in a
+large model, whose tensors have left the caches by the time it runs again, than in a
+small one.  With
 no energy column the device models latency only (`models_energy: false`).
 """
 
@@ -52,7 +56,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, NonNegativeFloat
+from pydantic import BaseModel, ConfigDict, NonNegativeFloat, PositiveFloat
 
 from .. import specs, trees, workspace
 from ..errors import ConfigError, UsageError
@@ -75,10 +79,36 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+class WorkingSet(_Strict):
+    """Kernels run slower in a model whose weights and activations do not stay in the
+    caches between them: every kernel's cost (its offsets included, not the run overhead)
+    is scaled by 1 + slope * ln(W / ref_bytes), within WORKING_SET_CLIP, where W is the
+    model's working set (`working_set_bytes`)."""
+    ref_bytes: PositiveFloat  # the working set at which the kernels cost what the table says
+    slope: float              # relative cost per e-fold of the working set
+
+
+WORKING_SET_CLIP = (0.5, 2.0)
+
+
 class Overhead(_Strict):
     per_model_ms: NonNegativeFloat = 0.0  # fixed cost of one inference run
     per_layer_ms: float = 0.0             # added to every priced layer
     per_kernel_ms: dict[str, float] = {}  # kernel group (`kernel_group`) -> added to each of its layers
+    working_set: Optional[WorkingSet] = None
+
+
+def working_set_bytes(layers: Sequence[LayerSpec]) -> float:
+    """A model's working set: its weights and the activations its layers write, in bytes."""
+    return float(sum(layer.weight_bytes + layer.out_bytes for layer in layers))
+
+
+def working_set_factor(working_set: Optional[WorkingSet], layers: Sequence[LayerSpec]) -> float:
+    """What `working_set` scales the kernels of the model `layers` by (1 without one)."""
+    if working_set is None or not layers:
+        return 1.0
+    size = max(working_set_bytes(layers), 1.0)
+    return float(np.clip(1.0 + working_set.slope * np.log(size / working_set.ref_bytes), *WORKING_SET_CLIP))
 
 
 class LutSpec(_Strict):
@@ -718,6 +748,10 @@ class LutDevice(CostModel):
     def estimate(self, layers: Sequence[LayerSpec]) -> CostReport:
         self._price_new(layers)
         report = super().estimate(layers)
+        factor = working_set_factor(self.spec.overhead.working_set, layers)
+        if factor != 1.0:
+            report.costs = [c if c.mapping == "unsupported" else replace(c, latency_ms=c.latency_ms * factor)
+                            for c in report.costs]
         run = self.spec.overhead.per_model_ms
         if report.costs and run:
             first = report.costs[0]

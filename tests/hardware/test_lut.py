@@ -276,6 +276,39 @@ def test_per_kernel_offsets_apply_by_kernel_group_down_to_a_floor(rows):
     assert shifted.estimate([dw]).latency_ms == pytest.approx(plain.estimate([dw]).latency_ms)
 
 
+def test_a_working_set_scales_a_models_kernels_but_not_its_run_overhead(rows):
+    from nasctl.hardware.lut import working_set_bytes
+
+    small = [layer_from_row(r) for r in rows[:3]]
+    big = small + [conv(512, 512, 8)]  # 9.4 MB of weights
+    ref = working_set_bytes(small)
+    plain = device(rows, overhead={"per_model_ms": 0.01})
+    scaled = device(rows, overhead={"per_model_ms": 0.01, "working_set": {"ref_bytes": ref, "slope": 0.05}})
+    # at the reference working set the table's costs hold
+    assert scaled.estimate(small).latency_ms == pytest.approx(plain.estimate(small).latency_ms)
+    factor = 1 + 0.05 * np.log(working_set_bytes(big) / ref)
+    assert factor > 1.15
+    got, want = scaled.estimate(big), plain.estimate(big)
+    assert got.latency_ms == pytest.approx((want.latency_ms - 0.01) * factor + 0.01)
+    assert [c.latency_ms for c in got.costs[1:]] == pytest.approx([c.latency_ms * factor for c in want.costs[1:]])
+    # a smaller model than the reference is priced lower, and the factor stays within 0.5-2
+    assert scaled.estimate(small[:1]).latency_ms < plain.estimate(small[:1]).latency_ms
+    steep = device(rows, overhead={"working_set": {"ref_bytes": 1.0, "slope": 1.0}})
+    assert steep.estimate(small).latency_ms == pytest.approx(2.0 * device(rows).estimate(small).latency_ms)
+
+
+def test_a_working_set_without_a_positive_reference_is_refused_in_one_line(tmp_path, rows):
+    from nasctl.hardware.loader import load_device
+
+    folder = tmp_path / "hardware" / "t"
+    folder.mkdir(parents=True)
+    write_lut(folder / "lut.csv", rows)
+    (folder / "spec.yaml").write_text("kind: lut\noverhead:\n  working_set: {ref_bytes: 0, slope: 0.02}\n")
+    with pytest.raises(ConfigError, match=r"spec.yaml: overhead.working_set.ref_bytes: .*greater than 0") as info:
+        load_device(str(folder / "spec.yaml"))
+    assert "\n" not in str(info.value)
+
+
 def slow_grouped_rows(rng, n=40):
     """Grouped convs (4 or 8 groups) costing 1 µs + 3 ns per 100 MACs: three times a dense
     conv's time per MAC (`synthetic_rows`), as onnxruntime runs small groups."""
