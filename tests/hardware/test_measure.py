@@ -338,6 +338,45 @@ def test_tiny_context_networks_cover_small_inputs_and_transformers(tmp_path, see
     assert result.layers[0].in_hw[0] in TINY_SIZES
 
 
+def test_the_profile_fits_how_kernels_slow_down_in_large_working_sets():
+    # Networks of the same convs, some beside a large tensor (a transpose writing 4-64 MB):
+    # every kernel runs 3% slower per e-fold of the network's working set (its weights and
+    # activations) than in the median network.  A table fitted to their in-context times
+    # prices the convs at their median, so a small network high and a large one low; the
+    # fitted slope puts that right.
+    from nasctl.hardware.lut import working_set_bytes
+    from nasctl.hardware.measure.attribution import MeasuredNetwork
+    from nasctl.hardware.measure.profile import fit_profile
+
+    rng = np.random.default_rng(1)
+    shapes = [(int(rng.choice([16, 24, 32])), int(rng.choice([8, 16]))) for _ in range(6)]
+
+    def network(tokens):
+        layers = [LayerSpec("conv", c, c, (hw, hw), (hw, hw), (3, 3), name=f"k{j}:conv")
+                  for j, (c, hw) in enumerate(shapes)]
+        base = [2e-3 + layer.macs * 1e-8 for layer in layers]
+        if tokens:
+            layers.append(LayerSpec("data", 1024, 1024, (tokens, 1), (tokens, 1), fn="transpose", name="k9:t"))
+            base.append(1e-4)
+        return layers, base
+
+    raw = [network(int(rng.choice([0, 0, 1024, 4096, 16384]))) for _ in range(48)]
+    ref = float(np.median([working_set_bytes(layers) for layers, _ in raw]))
+    slow = lambda layers: 1 + 0.03 * np.log(working_set_bytes(layers) / ref)  # noqa: E731
+    nets = [MeasuredNetwork(f"net {i}", layers, [b * slow(layers) for b in base], [1.0] * len(base),
+                            0.01 + sum(base) * slow(layers)) for i, (layers, base) in enumerate(raw)]
+    fitted = fit_profile("cpu-local", nets, {}, [0] * len(nets), [[1.0]])
+    assert fitted.spec["overhead"]["working_set"]["slope"] == pytest.approx(0.03, abs=0.01)
+    device, without = fitted.device(), fitted.device()
+    without.spec = without.spec.model_copy(update={"overhead": without.spec.overhead.model_copy(
+        update={"working_set": None})})
+    for tokens in (0, 65536):  # 256 MB: beyond every context network
+        layers, base = network(tokens)
+        true = 0.01 + sum(base) * slow(layers)
+        assert device.estimate(layers).latency_ms == pytest.approx(true, rel=0.05)
+    assert without.estimate(layers).latency_ms < 0.93 * true  # without the slope, the large one is priced low
+
+
 def test_some_context_networks_are_tiny():
     descriptions = [random_network(np.random.default_rng(k))[1] for k in range(60)]
     assert 2 <= sum("tiny" in d for d in descriptions) <= 20

@@ -156,6 +156,8 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
                                  "overhead": {"per_model_ms": norm["run_overhead_ms"], "per_layer_ms": 0.0}})
     offsets, how = kernel_offsets(name, rows, measured, fitted.spec)
     fitted.spec["overhead"]["per_kernel_ms"] = offsets
+    if "working_set" in how:
+        fitted.spec["overhead"]["working_set"] = dict(how["working_set"])
     fitted.spec["fit"]["kernel_offsets"] = how
     device = fitted.device()
     error = np.array([device.estimate(m.layers).latency_ms / m.latency_ms - 1 for m in measured])
@@ -171,9 +173,17 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
 
 def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredNetwork], spec: dict,
                    folds: int = 5, seed: int = 0, penalty: float = 0.01,
-                   bounds_ms: tuple[float, float] = (-0.002, 0.01)) -> tuple[dict[str, float], dict]:
-    """Per kernel group (`lut.kernel_group`), a fixed cost added to each of its layers, fitted
-    so that the context networks' prices add up to their end-to-end times.
+                   bounds_ms: tuple[float, float] = (-0.002, 0.01),
+                   slope_bounds: tuple[float, float] = (-0.2, 0.2)) -> tuple[dict[str, float], dict]:
+    """Per kernel group (`lut.kernel_group`), a fixed cost added to each of its layers, and
+    the working-set slope (`lut.WorkingSet`, about the context networks' median working
+    set), fitted so that the context networks' prices add up to their end-to-end times.
+
+    A kernel's in-context time depends on the network around it: in a network whose
+    weights and activations stay in the caches it runs faster than in one whose tensors
+    have left them by the time it runs again.  The table holds kernels of small and large
+    networks alike, so without the slope a small model is priced with some of the large
+    networks' cache misses and a large one without them.
 
     In-context kernel times are each network's profiled node times, scaled alike to its
     end-to-end time.  What the profile does not see - the executor's cost per node, the
@@ -182,11 +192,12 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     regressors price a network of many small kernels low and one of few large ones high.
     The offsets are fitted on out-of-fold prices (the device fitted again without a
     network's fold prices it: a table hit would repeat its own network's times), by
-    robust least squares on relative errors with a ridge penalty (per microsecond)."""
+    robust least squares on relative errors with a ridge penalty (per microsecond of an
+    offset, per hundredth of the slope)."""
     from scipy.optimize import least_squares
 
     from ..fit import FittedDevice, _median_rows
-    from ..lut import ENERGY_COLUMN, kernel_group
+    from ..lut import ENERGY_COLUMN, kernel_group, working_set_bytes
 
     n = len(measured)
     if n < 4 * folds:
@@ -206,12 +217,21 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
                 if cost.mapping != "unsupported":
                     count[i, col[kernel_group(layer)]] += 1
     y = np.array([m.latency_ms for m in measured])
-    x = least_squares(lambda c: np.r_[(price + count @ c) / y - 1, penalty * c * 1e3], np.zeros(len(names)),
-                      loss="soft_l1", f_scale=0.05, bounds=bounds_ms).x
+    run = float(spec["overhead"].get("per_model_ms", 0.0))
+    size = np.array([max(working_set_bytes(m.layers), 1.0) for m in measured])
+    ref = float(np.median(size))
+    # the kernels' price (the run overhead left out) times ln(W / ref): the slope's column
+    columns = np.column_stack([count, (price - run) * np.log(size / ref)])
+    lower = np.r_[[bounds_ms[0]] * len(names), slope_bounds[0]]
+    upper = np.r_[[bounds_ms[1]] * len(names), slope_bounds[1]]
+    scale = np.r_[[1e3] * len(names), 1e2]  # the penalty per microsecond of an offset, per hundredth of the slope
+    x = least_squares(lambda c: np.r_[(price + columns @ c) / y - 1, penalty * c * scale], np.zeros(len(names) + 1),
+                      loss="soft_l1", f_scale=0.05, bounds=(lower, upper)).x
     offsets = {g: round(float(v), 7) for g, v in zip(names, x) if count[:, col[g]].any()}
-    before, after = price / y - 1, (price + count @ x) / y - 1
+    before, after = price / y - 1, (price + columns @ x) / y - 1
     within = lambda e: round(float(np.mean(np.abs(e) <= 0.10)), 4)  # noqa: E731
     return offsets, {"folds": folds, "networks": n, "penalty_per_us": penalty,
+                     "working_set": {"ref_bytes": ref, "slope": round(float(x[-1]), 6)},
                      "out_of_fold_within_10pct": {"without_offsets": within(before),
                                                   "with_offsets_fitted_on_all": within(after)}}
 
