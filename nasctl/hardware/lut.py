@@ -49,6 +49,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import replace
@@ -100,7 +101,7 @@ class Overhead(_Strict):
 
 def working_set_bytes(layers: Sequence[LayerSpec]) -> float:
     """A model's working set: its weights and the activations its layers write, in bytes."""
-    return float(sum(layer.weight_bytes + layer.out_bytes for layer in layers))
+    return sum(layer.params * layer.w_bits + layer.out_elems * layer.a_bits for layer in layers) / 8  # bits to bytes
 
 
 def working_set_factor(working_set: Optional[WorkingSet], layers: Sequence[LayerSpec]) -> float:
@@ -108,7 +109,8 @@ def working_set_factor(working_set: Optional[WorkingSet], layers: Sequence[Layer
     if working_set is None or not layers:
         return 1.0
     size = max(working_set_bytes(layers), 1.0)
-    return float(np.clip(1.0 + working_set.slope * np.log(size / working_set.ref_bytes), *WORKING_SET_CLIP))
+    low, high = WORKING_SET_CLIP
+    return min(max(1.0 + working_set.slope * math.log(size / working_set.ref_bytes), low), high)
 
 
 class LutSpec(_Strict):
@@ -750,8 +752,7 @@ class LutDevice(CostModel):
         report = super().estimate(layers)
         factor = working_set_factor(self.spec.overhead.working_set, layers)
         if factor != 1.0:
-            report.costs = [c if c.mapping == "unsupported" else replace(c, latency_ms=c.latency_ms * factor)
-                            for c in report.costs]
+            report.costs = [LayerCost(c.latency_ms * factor, c.energy_mj, c.mapping) for c in report.costs]
         run = self.spec.overhead.per_model_ms
         if report.costs and run:
             first = report.costs[0]

@@ -154,10 +154,10 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
     fitted = fit_from_lut(name, rows, description=f"onnxruntime CPU on {where}, {threads} thread(s), measured by {by}",
                           extra={"measurement": measurement, "energy": energy,
                                  "overhead": {"per_model_ms": norm["run_overhead_ms"], "per_layer_ms": 0.0}})
-    offsets, how = kernel_offsets(name, rows, measured, fitted.spec)
+    offsets, working_set, how = kernel_offsets(name, rows, measured, fitted.spec)
     fitted.spec["overhead"]["per_kernel_ms"] = offsets
-    if "working_set" in how:
-        fitted.spec["overhead"]["working_set"] = dict(how["working_set"])
+    if working_set is not None:
+        fitted.spec["overhead"]["working_set"] = working_set
     fitted.spec["fit"]["kernel_offsets"] = how
     device = fitted.device()
     error = np.array([device.estimate(m.layers).latency_ms / m.latency_ms - 1 for m in measured])
@@ -174,10 +174,12 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
 def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredNetwork], spec: dict,
                    folds: int = 5, seed: int = 0, penalty: float = 0.01,
                    bounds_ms: tuple[float, float] = (-0.002, 0.01),
-                   slope_bounds: tuple[float, float] = (-0.2, 0.2)) -> tuple[dict[str, float], dict]:
+                   slope_bounds: tuple[float, float] = (-0.2, 0.2)) -> tuple[dict[str, float], Optional[dict], dict]:
     """Per kernel group (`lut.kernel_group`), a fixed cost added to each of its layers, and
     the working-set slope (`lut.WorkingSet`, about the context networks' median working
-    set), fitted so that the context networks' prices add up to their end-to-end times.
+    set), fitted so that the context networks' prices add up to their end-to-end times:
+    (offsets, working set as `overhead.working_set` holds it or None where not fitted,
+    how it was fitted).
 
     A kernel's in-context time depends on the network around it: in a network whose
     weights and activations stay in the caches it runs faster than in one whose tensors
@@ -201,7 +203,7 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
 
     n = len(measured)
     if n < 4 * folds:
-        return {}, {"note": f"not fitted: {n} context networks (fewer than {4 * folds})"}
+        return {}, None, {"note": f"not fitted: {n} context networks (fewer than {4 * folds})"}
     fold = np.random.default_rng(seed).permutation(n) % folds
     names = sorted({kernel_group(layer) for m in measured for layer in m.layers})
     col = {g: j for j, g in enumerate(names)}
@@ -230,10 +232,9 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     offsets = {g: round(float(v), 7) for g, v in zip(names, x) if count[:, col[g]].any()}
     before, after = price / y - 1, (price + columns @ x) / y - 1
     within = lambda e: round(float(np.mean(np.abs(e) <= 0.10)), 4)  # noqa: E731
-    return offsets, {"folds": folds, "networks": n, "penalty_per_us": penalty,
-                     "working_set": {"ref_bytes": ref, "slope": round(float(x[-1]), 6)},
-                     "out_of_fold_within_10pct": {"without_offsets": within(before),
-                                                  "with_offsets_fitted_on_all": within(after)}}
+    return offsets, {"ref_bytes": ref, "slope": round(float(x[-1]), 6)}, {
+        "folds": folds, "networks": n, "penalty_per_us": penalty,
+        "out_of_fold_within_10pct": {"without_offsets": within(before), "with_offsets_fitted_on_all": within(after)}}
 
 
 def refit_profile(name: str, folder: Path):
