@@ -16,7 +16,7 @@ says which one change a held-out model prompted).
     python benchmarks/published.py [--workspace DIR] [--split tuning|held-out|all] [--only NAME,...]
                                    [--rounds N] [--no-predict-timing | --predict-timing-only] [--json FILE]
 
-torchvision and timm are needed only here: `pip install --no-deps torchvision==0.28.0 timm`
+torchvision and timm are needed only here: `pip install --no-deps torchvision==0.28.0 timm onnxscript onnx_ir`
 beside the CPU torch.  torchvision's compiled ops do not load beside the CPU build of
 torch; its model definitions need none of them, so an empty stand-in module takes the
 place of `torchvision._meta_registrations` before the import.

@@ -17,6 +17,8 @@ The range is an exponential moving average of each training batch's min and max,
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -72,6 +74,12 @@ class QLinear(nn.Linear):
         return f"{super().extra_repr()}, bits={self.bits}"
 
 
+def _memory_order(x: torch.Tensor) -> torch.Tensor:
+    """A view of `x` whose axes run in the order its elements lie in memory (a channels-last
+    tensor's channels last): reductions over every element read it in one sweep."""
+    return x.permute(*sorted(range(x.dim()), key=lambda d: -x.stride(d)))
+
+
 class ActQuant(nn.Module):
     """Per-tensor activation fake quantizer with an EMA-tracked range (identity at >= 16 bits).
 
@@ -91,7 +99,8 @@ class ActQuant(nn.Module):
             return x
         if self.training:
             with torch.no_grad():
-                lo, hi = x.min().clamp_max(0), x.max().clamp_min(0)
+                lo, hi = torch.aminmax(_memory_order(x))
+                lo, hi = lo.clamp_max(0), hi.clamp_min(0)
                 if self.observed:
                     lo = self.lo + self.momentum * (lo - self.lo)
                     hi = self.hi + self.momentum * (hi - self.hi)
@@ -109,3 +118,117 @@ class ActQuant(nn.Module):
 
     def extra_repr(self) -> str:
         return f"bits={self.bits}"
+
+
+class _FoldedConv(nn.Module):
+    """A conv (its weight fake-quantized once) with the eval-mode batch norm after it folded
+    into its weight and bias: conv(x, q(W)) · a + b  =  conv(x, q(W) · a) + b."""
+
+    def __init__(self, conv: nn.Conv2d, bn: nn.BatchNorm2d | None):
+        super().__init__()
+        w = fake_quant_weight(conv.weight, conv.bits) if isinstance(conv, QConv2d) else conv.weight
+        b = conv.bias
+        if bn is not None:
+            a = torch.rsqrt(bn.running_var + bn.eps)
+            if bn.weight is not None:
+                a = a * bn.weight
+            shift = -bn.running_mean * a + (bn.bias if bn.bias is not None else 0)
+            b = shift if b is None else b * a + shift
+            w = w * a.reshape(-1, *([1] * (w.dim() - 1)))
+        self.weight, self.bias = w.detach(), None if b is None else b.detach()
+        self.conv = conv
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.conv
+        return F.conv2d(x, self.weight, self.bias, c.stride, c.padding, c.dilation, c.groups)
+
+
+class _FrozenLinear(nn.Module):
+    def __init__(self, linear: QLinear):
+        super().__init__()
+        self.weight, self.bias = fake_quant_weight(linear.weight, linear.bits).detach(), linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class _FrozenActQuant(nn.Module):
+    """An eval-mode `ActQuant` with its scale and zero point read once: the same values, bit
+    for bit on float32 (clamp(round(x/s) + z, 0, L) - z = clamp(round(x/s), -z, L - z) on
+    integers), in four passes over x instead of six, without per-call scalar arithmetic;
+    with `inplace`, over x itself (a new tensor costs twice the memory traffic)."""
+
+    def __init__(self, quant: ActQuant, inplace: bool = False):
+        super().__init__()
+        self.inplace = inplace  # overwrite the input: only where no other module reads it
+        levels = 2 ** quant.bits - 1
+        scale = ((quant.hi - quant.lo) / levels).clamp_min(1e-8)
+        zero = float(torch.round(-quant.lo / scale).clamp(0, levels))
+        self.inv, self.scale = float(1.0 / scale), float(scale)  # float32 values, exact as Python floats
+        self.lo, self.hi = -zero, levels - zero
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.inplace and x.dtype == torch.float32:
+            return x.mul_(self.inv).round_().clamp_(self.lo, self.hi).mul_(self.scale)
+        y = torch.mul(x.float(), self.inv).round_().clamp_(self.lo, self.hi).mul_(self.scale)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+# Modules whose output is a new tensor: in a `Sequential`, a quantizer after one of them
+# is the only reader of its input (modules in between, such as an in-place ReLU or a
+# folded batch norm's Identity, pass that tensor on).  A module may also name children
+# whose input only they read (`owned_inputs`).
+_MAKES_NEW = (nn.Conv2d, nn.Linear, _FoldedConv, _FrozenLinear, nn.BatchNorm2d, nn.LayerNorm, nn.GELU,
+              nn.AdaptiveAvgPool2d, nn.AvgPool2d, nn.MaxPool2d)
+
+
+def _foldable(conv: nn.Module) -> bool:
+    return type(conv) in (nn.Conv2d, QConv2d) and conv.padding_mode == "zeros"
+
+
+@contextmanager
+def frozen_for_inference(model: nn.Module):
+    """`model` (in eval mode, without gradients) runs as an inference engine would for as
+    long as the context lasts: every batch norm that directly follows a conv in a
+    `Sequential` is folded into it, weights are fake-quantized once instead of on every
+    call, activation quantizers use their frozen ranges as plain scalars (in place on a
+    tensor no other module reads), and a ReLU or ReLU6 whose clamp the quantizer after it
+    already makes is left out.  What it
+    computes equals the eval-mode network's output up to float rounding (the folding);
+    the modules are put back on exit, so training, saving and export see `model` as it was."""
+    swapped: list[tuple[nn.Module, str, nn.Module]] = []
+
+    def swap(parent: nn.Module, name: str, new: nn.Module) -> None:
+        swapped.append((parent, name, parent._modules[name]))
+        parent._modules[name] = new
+
+    try:
+        with torch.no_grad():
+            for parent in list(model.modules()):
+                names = list(parent._modules)
+                for i, name in enumerate(names):
+                    child = parent._modules[name]
+                    nxt = parent._modules[names[i + 1]] if i + 1 < len(names) else None
+                    if _foldable(child):
+                        bn = nxt if (isinstance(parent, nn.Sequential) and type(nxt) is nn.BatchNorm2d
+                                     and nxt.track_running_stats and nxt.running_var is not None) else None
+                        swap(parent, name, _FoldedConv(child, bn))
+                        if bn is not None:
+                            swap(parent, names[i + 1], nn.Identity())
+                    elif type(child) is QLinear:
+                        swap(parent, name, _FrozenLinear(child))
+                    elif type(child) is ActQuant and child.bits < FLOAT_BITS and bool(child.observed):
+                        owned = name in getattr(parent, "owned_inputs", ()) or (
+                            isinstance(parent, nn.Sequential)
+                            and any(isinstance(parent._modules[n], _MAKES_NEW) for n in names[:i]))
+                        frozen = _FrozenActQuant(child, inplace=owned)
+                        swap(parent, name, frozen)
+                        before = parent._modules[names[i - 1]] if i else None
+                        if isinstance(parent, nn.Sequential) and frozen.lo == 0 and (
+                                type(before) is nn.ReLU or (type(before) is nn.ReLU6 and float(child.hi) <= 6)):
+                            # a range from 0 to at most 6 clamps as the ReLU(6) before it does
+                            swap(parent, names[i - 1], nn.Identity())
+        yield model
+    finally:
+        for parent, name, old in reversed(swapped):
+            parent._modules[name] = old

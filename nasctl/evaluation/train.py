@@ -194,8 +194,8 @@ def measure(model: torch.nn.Module, space, arch, dataset: Dataset, settings: Tra
     the training time to report."""
     device = next(model.parameters()).device
     with _threads(settings.threads):
-        val_conf, val_ok = _predict(model, dataset.x_val, dataset.y_val, device, settings.exit_policy)
-        test_conf, test_ok = _predict(model, dataset.x_test, dataset.y_test, device, settings.exit_policy)
+        (val_conf, val_ok), (test_conf, test_ok) = _predict(
+            model, [(dataset.x_val, dataset.y_val), (dataset.x_test, dataset.y_test)], device, settings.exit_policy)
     if settings.exit_rates is not None:
         thresholds = rate_thresholds(val_conf, [settings.exit_rates[e] for e in space.active_exits(arch)[:-1]])
     else:
@@ -241,17 +241,31 @@ def train_network(model: torch.nn.Module, data: Dataset, s: TrainSettings, seed:
 
 
 @torch.no_grad()
-def _predict(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device, policy: str):
-    """(confidence, correct), each K×N: every exit's confidence under `policy` and hit."""
+def _predict(model: torch.nn.Module, splits: list[tuple[np.ndarray, np.ndarray]], device: torch.device,
+             policy: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per (x, y) split: (confidence, correct), each K×N - every exit's confidence under
+    `policy` and hit.  The splits run as one stream of batches of EVAL_BATCH inputs
+    (small splits share a batch), through the network frozen for inference
+    (`quant.frozen_for_inference`)."""
+    from .quant import frozen_for_inference
+
     model.eval()
+    xs, ys = [x for x, _ in splits], [y for _, y in splits]
+    bounds = np.cumsum([0] + [len(x) for x in xs])
     conf, hit = [], []
-    for i in range(0, len(x), EVAL_BATCH):
-        xb = torch.from_numpy(x[i:i + EVAL_BATCH]).to(device, memory_format=torch.channels_last)
-        yb = torch.from_numpy(y[i:i + EVAL_BATCH]).to(device)
-        probs = torch.stack([F.softmax(out.float(), dim=1) for out in model(xb)])
-        conf.append(confidence(probs, policy).cpu())
-        hit.append((probs.argmax(dim=2) == yb).cpu())
-    return torch.cat(conf, dim=1).numpy(), torch.cat(hit, dim=1).numpy()
+    with frozen_for_inference(model):
+        for i in range(0, int(bounds[-1]), EVAL_BATCH):
+            j = min(i + EVAL_BATCH, int(bounds[-1]))
+            parts = [(k, max(i, bounds[k]) - bounds[k], min(j, bounds[k + 1]) - bounds[k])
+                     for k in range(len(xs)) if bounds[k] < j and bounds[k + 1] > i]
+            xb = torch.from_numpy(np.concatenate([xs[k][a:b] for k, a, b in parts]))
+            yb = torch.from_numpy(np.concatenate([ys[k][a:b] for k, a, b in parts])).to(device)
+            xb = xb.to(device, memory_format=torch.channels_last)
+            probs = torch.stack([F.softmax(out.float(), dim=1) for out in model(xb)])
+            conf.append(confidence(probs, policy).cpu())
+            hit.append((probs.argmax(dim=2) == yb).cpu())
+    conf_all, hit_all = torch.cat(conf, dim=1).numpy(), torch.cat(hit, dim=1).numpy()
+    return [(conf_all[:, bounds[k]:bounds[k + 1]], hit_all[:, bounds[k]:bounds[k + 1]]) for k in range(len(xs))]
 
 
 @contextmanager

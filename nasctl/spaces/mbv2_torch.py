@@ -34,6 +34,8 @@ def _conv_unit(cin: int, cout: int, k: int, stride: int, groups: int, bits: int,
 
 
 class InvertedResidual(nn.Module):
+    owned_inputs = ("quant",)  # its quantizer reads a tensor nothing else does (see quant.frozen_for_inference)
+
     def __init__(self, cin: int, cout: int, expand: int, kernel: int, stride: int, bits: int):
         super().__init__()
         hidden = cin * expand

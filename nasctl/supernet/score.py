@@ -28,7 +28,8 @@ CALIBRATION_SAMPLES = 128  # training inputs the batch-norm statistics are recal
 def calibration_inputs(data, seed: int, samples: int = CALIBRATION_SAMPLES) -> torch.Tensor:
     """The training inputs every candidate recalibrates on: `samples` of them drawn by `seed`."""
     idx = np.sort(np.random.default_rng(seed).permutation(len(data.y_train))[:samples])
-    return torch.from_numpy(np.ascontiguousarray(data.x_train[idx]))
+    x = torch.from_numpy(np.ascontiguousarray(data.x_train[idx]))
+    return x.to(memory_format=torch.channels_last) if x.dim() == 4 else x  # as networks train and measure
 
 
 def score(net: Supernet, arch: dict, data, settings: TrainSettings, calibration: torch.Tensor, *,

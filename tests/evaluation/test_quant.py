@@ -33,3 +33,57 @@ def test_an_activation_quantizer_leaves_its_input_alone_and_trains_through_torch
     x.requires_grad_(True)
     slow = q(x)
     assert torch.equal(fast, slow.detach()) and slow.requires_grad
+
+
+def test_a_frozen_activation_quantizer_gives_exactly_what_the_eval_mode_quantizer_gives():
+    from nasctl.evaluation.quant import _FrozenActQuant
+
+    g = torch.Generator().manual_seed(1)
+    for trial in range(100):
+        q = ActQuant((4, 8)[trial % 2]).train()
+        q(torch.randn(500, generator=g) * 4 - 3 * (trial % 3 == 0))  # a range with and without negatives
+        q.eval()
+        x = torch.randn(4000, generator=g) * 6
+        with torch.no_grad():
+            assert torch.equal(_FrozenActQuant(q)(x), q(x)), trial
+
+
+def _calibrated_mbv2(bits: int):
+    from nasctl.spaces.loader import load_space
+
+    space = load_space("ee-mbv2")
+    arch = space.sample(__import__("numpy").random.default_rng(3))
+    arch.update({k: bits for k in arch if k.endswith("_bits")})
+    torch.manual_seed(0)
+    net = space.build(arch, (1, 8, 8), 10)
+    net.train()
+    with torch.no_grad():
+        for _ in range(3):  # batch-norm statistics and quantizer ranges away from their defaults
+            net(torch.randn(32, 1, 8, 8))
+    return net.eval()
+
+
+def test_a_network_frozen_for_inference_computes_what_it_computes_in_eval_mode_and_is_given_back_unchanged():
+    from nasctl.evaluation.quant import frozen_for_inference
+
+    x = torch.randn(64, 1, 8, 8, generator=torch.Generator().manual_seed(2))
+    for bits in (8, 32):
+        net = _calibrated_mbv2(bits)
+        state = {k: v.clone() for k, v in net.state_dict().items()}
+        modules = [type(m) for m in net.modules()]
+        with torch.no_grad():
+            plain = net(x)
+            with frozen_for_inference(net):
+                before = x.clone()
+                frozen = net(x)
+                assert torch.equal(x, before)  # quantizers work in place only on tensors they alone read
+                left = {type(m) for m in net.modules()}
+                assert torch.nn.BatchNorm2d not in left  # folded into the convs
+                assert (torch.nn.ReLU6 in left) == (bits == 32)  # at 8 bits the quantizer after it clamps
+        for a, b in zip(plain, frozen):
+            # folding batch norm changes float rounding only; at 8 bits an activation that
+            # lands on a rounding edge may move one quantization step
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 if bits == 32 else 0.05), bits
+            assert (a.argmax(1) == b.argmax(1)).float().mean() > 0.95
+        assert [type(m) for m in net.modules()] == modules
+        assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
