@@ -198,7 +198,10 @@ def search(args, card) -> None:
           f"{card['train_seconds']:.0f} s = {wall + card['train_seconds']:.0f} s; the default search "
           f"(40 candidates, proxy training): {default_wall:.0f} s")
     found = runs.load(str(big / "run"))
-    front = pareto_front(found.feasible, found.objectives)
+    # architectures that differ only in knobs without effect (an exit that is off, its width
+    # and bits) tie on the front: one of each tie is retrained
+    front = list({tuple(row[o] for o in found.objectives): row
+                  for row in pareto_front(found.feasible, found.objectives)}.values())
     cfg = make_config(None, "setting", seed=0, keep_weights="none")  # the default search's settings
     evaluator = Evaluator(cfg)
     t0 = time.perf_counter()

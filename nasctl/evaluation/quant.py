@@ -193,9 +193,9 @@ def frozen_for_inference(model: nn.Module):
     `Sequential` is folded into it, weights are fake-quantized once instead of on every
     call, activation quantizers use their frozen ranges as plain scalars (in place on a
     tensor no other module reads), and a ReLU or ReLU6 whose clamp the quantizer after it
-    already makes is left out.  What it
-    computes equals the eval-mode network's output up to float rounding (the folding);
-    the modules are put back on exit, so training, saving and export see `model` as it was."""
+    already makes is left out.  What it computes equals the eval-mode network's output up
+    to float rounding (the folding); the modules are put back on exit, so training, saving
+    and export see `model` as it was."""
     swapped: list[tuple[nn.Module, str, nn.Module]] = []
 
     def swap(parent: nn.Module, name: str, new: nn.Module) -> None:
