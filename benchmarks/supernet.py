@@ -179,10 +179,11 @@ def search(args, card) -> None:
 
     out = args.workspace / "runs"
     big = out / f"supernet-{args.strategy}-{args.budget}"
-    if big.exists():
-        import shutil
+    for stale in (big, *(() if args.default_json else (out / "default",))):  # its own runs from an earlier time
+        if stale.exists():
+            import shutil
 
-        shutil.rmtree(big)
+            shutil.rmtree(stale)
     big.mkdir(parents=True)
     wall, _ = nasctl("search", "--space", pe.SPACE, "--accuracy", f"supernet:{args.name}", "--budget", args.budget,
                      "--strategy", args.strategy, "--keep-weights", "none", "--seed", 0,
