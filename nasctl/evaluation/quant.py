@@ -120,27 +120,36 @@ class ActQuant(nn.Module):
         return f"bits={self.bits}"
 
 
-class _FoldedConv(nn.Module):
-    """A conv (its weight fake-quantized once) with the eval-mode batch norm after it folded
-    into its weight and bias: conv(x, q(W)) · a + b  =  conv(x, q(W) · a) + b."""
+class _FrozenConv(nn.Module):
+    """A conv with its weight fake-quantized once, and the eval-mode batch norm after it
+    (if any): either applied in place on the conv's new output - what conv then batch norm
+    give, bit for bit, without a second new tensor - or, with `fold`, folded into the
+    conv's weight and bias: conv(x, q(W)) · a + b = conv(x, q(W) · a) + b, one pass less,
+    equal up to float rounding."""
 
-    def __init__(self, conv: nn.Conv2d, bn: nn.BatchNorm2d | None):
+    def __init__(self, conv: nn.Conv2d, bn: nn.BatchNorm2d | None, fold: bool = False):
         super().__init__()
         w = fake_quant_weight(conv.weight, conv.bits) if isinstance(conv, QConv2d) else conv.weight
         b = conv.bias
-        if bn is not None:
+        if bn is not None and fold:
             a = torch.rsqrt(bn.running_var + bn.eps)
             if bn.weight is not None:
                 a = a * bn.weight
             shift = -bn.running_mean * a + (bn.bias if bn.bias is not None else 0)
             b = shift if b is None else b * a + shift
             w = w * a.reshape(-1, *([1] * (w.dim() - 1)))
+            bn = None
         self.weight, self.bias = w.detach(), None if b is None else b.detach()
-        self.conv = conv
+        self.conv, self.bn = conv, bn
+        self._unused = torch.empty(0), torch.empty(0)  # batch norm's saved statistics, not kept in eval mode
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.conv
-        return F.conv2d(x, self.weight, self.bias, c.stride, c.padding, c.dilation, c.groups)
+        c, bn = self.conv, self.bn
+        y = F.conv2d(x, self.weight, self.bias, c.stride, c.padding, c.dilation, c.groups)
+        if bn is not None:
+            torch.ops.aten.native_batch_norm.out(y, bn.weight, bn.bias, bn.running_mean, bn.running_var, False, 0.0,
+                                                 bn.eps, out=y, save_mean=self._unused[0], save_invstd=self._unused[1])
+        return y
 
 
 class _FrozenLinear(nn.Module):
@@ -178,7 +187,7 @@ class _FrozenActQuant(nn.Module):
 # is the only reader of its input (modules in between, such as an in-place ReLU or a
 # folded batch norm's Identity, pass that tensor on).  A module may also name children
 # whose input only they read (`owned_inputs`).
-_MAKES_NEW = (nn.Conv2d, nn.Linear, _FoldedConv, _FrozenLinear, nn.BatchNorm2d, nn.LayerNorm, nn.GELU,
+_MAKES_NEW = (nn.Conv2d, nn.Linear, _FrozenConv, _FrozenLinear, nn.BatchNorm2d, nn.LayerNorm, nn.GELU,
               nn.AdaptiveAvgPool2d, nn.AvgPool2d, nn.MaxPool2d)
 
 
@@ -187,15 +196,17 @@ def _foldable(conv: nn.Module) -> bool:
 
 
 @contextmanager
-def frozen_for_inference(model: nn.Module):
+def frozen_for_inference(model: nn.Module, fold_batch_norm: bool = False):
     """`model` (in eval mode, without gradients) runs as an inference engine would for as
-    long as the context lasts: every batch norm that directly follows a conv in a
-    `Sequential` is folded into it, weights are fake-quantized once instead of on every
-    call, activation quantizers use their frozen ranges as plain scalars (in place on a
-    tensor no other module reads), and a ReLU or ReLU6 whose clamp the quantizer after it
-    already makes is left out.  What it computes equals the eval-mode network's output up
-    to float rounding (the folding); the modules are put back on exit, so training, saving
-    and export see `model` as it was."""
+    long as the context lasts: weights are fake-quantized once instead of on every call,
+    every batch norm that directly follows a conv in a `Sequential` runs in place on the
+    conv's output, activation quantizers use their frozen ranges as plain scalars (in place
+    on a tensor no other module reads), and a ReLU or ReLU6 whose clamp the quantizer after
+    it already makes is left out.  It computes what the eval-mode network computes, bit for
+    bit (up to the sign of a zero).  With `fold_batch_norm` the batch norms are folded into
+    the convs' weights instead: one pass less, equal up to float rounding (an activation on
+    a quantization step's edge may move a step).  The modules are put back on exit, so
+    training, saving and export see `model` as it was."""
     swapped: list[tuple[nn.Module, str, nn.Module]] = []
 
     def swap(parent: nn.Module, name: str, new: nn.Module) -> None:
@@ -212,7 +223,7 @@ def frozen_for_inference(model: nn.Module):
                     if _foldable(child):
                         bn = nxt if (isinstance(parent, nn.Sequential) and type(nxt) is nn.BatchNorm2d
                                      and nxt.track_running_stats and nxt.running_var is not None) else None
-                        swap(parent, name, _FoldedConv(child, bn))
+                        swap(parent, name, _FrozenConv(child, bn, fold=fold_batch_norm))
                         if bn is not None:
                             swap(parent, names[i + 1], nn.Identity())
                     elif type(child) is QLinear:

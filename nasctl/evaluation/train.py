@@ -188,14 +188,17 @@ def evaluate(space, arch, dataset: Dataset, settings: TrainSettings, seed: int, 
 
 
 def measure(model: torch.nn.Module, space, arch, dataset: Dataset, settings: TrainSettings,
-            seconds: float = 0.0) -> EvalResult:
+            seconds: float = 0.0, fold_batch_norm: bool = False) -> EvalResult:
     """A trained network's figures (steps 2 and 3 above): thresholds calibrated on the
     validation split, the early-exit decisions measured on the test split.  `seconds`:
-    the training time to report."""
+    the training time to report.  The network runs frozen for inference
+    (`quant.frozen_for_inference`): exactly its eval-mode outputs, or with
+    `fold_batch_norm` those up to float rounding, faster."""
     device = next(model.parameters()).device
     with _threads(settings.threads):
         (val_conf, val_ok), (test_conf, test_ok) = _predict(
-            model, [(dataset.x_val, dataset.y_val), (dataset.x_test, dataset.y_test)], device, settings.exit_policy)
+            model, [(dataset.x_val, dataset.y_val), (dataset.x_test, dataset.y_test)], device, settings.exit_policy,
+            fold_batch_norm)
     if settings.exit_rates is not None:
         thresholds = rate_thresholds(val_conf, [settings.exit_rates[e] for e in space.active_exits(arch)[:-1]])
     else:
@@ -242,7 +245,7 @@ def train_network(model: torch.nn.Module, data: Dataset, s: TrainSettings, seed:
 
 @torch.no_grad()
 def _predict(model: torch.nn.Module, splits: list[tuple[np.ndarray, np.ndarray]], device: torch.device,
-             policy: str) -> list[tuple[np.ndarray, np.ndarray]]:
+             policy: str, fold_batch_norm: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per (x, y) split: (confidence, correct), each K×N - every exit's confidence under
     `policy` and hit.  The splits run as one stream of batches of EVAL_BATCH inputs
     (small splits share a batch), through the network frozen for inference
@@ -253,7 +256,7 @@ def _predict(model: torch.nn.Module, splits: list[tuple[np.ndarray, np.ndarray]]
     xs, ys = [x for x, _ in splits], [y for _, y in splits]
     bounds = np.cumsum([0] + [len(x) for x in xs])
     conf, hit = [], []
-    with frozen_for_inference(model):
+    with frozen_for_inference(model, fold_batch_norm):
         for i in range(0, int(bounds[-1]), EVAL_BATCH):
             j = min(i + EVAL_BATCH, int(bounds[-1]))
             parts = [(k, max(i, bounds[k]) - bounds[k], min(j, bounds[k + 1]) - bounds[k])
