@@ -146,9 +146,11 @@ class _FrozenConv(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c, bn = self.conv, self.bn
         y = F.conv2d(x, self.weight, self.bias, c.stride, c.padding, c.dilation, c.groups)
-        if bn is not None:
+        if bn is not None and y.device.type == "cpu":
             torch.ops.aten.native_batch_norm.out(y, bn.weight, bn.bias, bn.running_mean, bn.running_var, False, 0.0,
                                                  bn.eps, out=y, save_mean=self._unused[0], save_invstd=self._unused[1])
+        elif bn is not None:  # other devices: batch norm as it is
+            y = bn(y)
         return y
 
 
@@ -191,7 +193,7 @@ _MAKES_NEW = (nn.Conv2d, nn.Linear, _FrozenConv, _FrozenLinear, nn.BatchNorm2d, 
               nn.AdaptiveAvgPool2d, nn.AvgPool2d, nn.MaxPool2d)
 
 
-def _foldable(conv: nn.Module) -> bool:
+def _plain_conv(conv: nn.Module) -> bool:
     return type(conv) in (nn.Conv2d, QConv2d) and conv.padding_mode == "zeros"
 
 
@@ -220,7 +222,7 @@ def frozen_for_inference(model: nn.Module, fold_batch_norm: bool = False):
                 for i, name in enumerate(names):
                     child = parent._modules[name]
                     nxt = parent._modules[names[i + 1]] if i + 1 < len(names) else None
-                    if _foldable(child):
+                    if _plain_conv(child):
                         bn = nxt if (isinstance(parent, nn.Sequential) and type(nxt) is nn.BatchNorm2d
                                      and nxt.track_running_stats and nxt.running_var is not None) else None
                         swap(parent, name, _FrozenConv(child, bn, fold=fold_batch_norm))
