@@ -55,8 +55,9 @@ def ensure_device(folder: Path, reprofile: bool, kernels: int = 15000, rounds: i
 def print_machine_state(summary: dict) -> None:
     """How busy the machine was while validating, against the profile (`validate_models`)."""
     if "machine_vs_profile" in summary:
-        print(f"the profile's reference networks ran {summary['machine_vs_profile']:.3f}x their profiled time "
-              f"(the machine's load now against the profile's typical chunk)")
+        print(f"the machine runs at {summary['machine_vs_profile']:.3f}x its profiled time now, by "
+              f"{summary.get('machine_vs_profile_from', 'the reference networks')} (its load now against the "
+              f"profile's typical chunk)")
 
 
 def load_adjusted(rows: list[dict], summary: dict) -> dict | None:

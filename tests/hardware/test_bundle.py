@@ -16,7 +16,7 @@ from nasctl.cli import app
 from nasctl.hardware.measure.bundle import read_results, write_bundle
 from nasctl.hardware.measure.runner import BUNDLE_FILE, RESULTS_COLUMNS
 
-KERNELS, SEED = 30, 3
+KERNELS, SEED = 30, 9
 
 # Runs a script with nasctl, torch, onnx and the rest of nasctl's environment unimportable:
 # what a target machine holding only numpy and onnxruntime offers.
@@ -114,6 +114,9 @@ def test_the_runner_measures_without_nasctl_and_the_results_make_a_device(measur
     doc = validate_models(device, models, rounds=2, compare=[device])
     assert [r["measured_ms"] for r in doc["compared"][0]["models"]] == [r["measured_ms"] for r in doc["models"]]
     assert doc["compared"][0]["summary"] == doc["summary"] and "machine_vs_profile" in doc["summary"]
+    # the machine's speed now told by the bundle's own context networks, built again here from its seed
+    speed = shown["measurement"]["speed_references"]["networks"]
+    assert speed and doc["summary"]["machine_vs_profile_from"] == f"{len(speed)} of the profile's context networks"
     # fitted again without measuring, to the same device (the networks travel with it)
     from nasctl.hardware.measure.profile import refit_profile
 
@@ -130,7 +133,10 @@ def test_the_bundle_holds_the_networks_hw_profile_measures_in_its_chunks(measure
     assert [m.description for m in networks] == [d for _, d in ours]
     path = folder.parent / "inline.onnx"
     path.write_bytes(ours[-1][0].SerializeToString())
-    assert networks[-1].layers == import_onnx(path).layers
+    from nasctl.hardware.lut import row_from_layer
+
+    as_rows = lambda layers: [(row_from_layer(l, 0.0), l.name) for l in layers]  # noqa: E731 - as the table holds them
+    assert as_rows(networks[-1].layers) == as_rows(import_onnx(path).layers)
     assert chunk_of == [k for k, (_, members) in enumerate(chunk_seeds(len(ours), 80, SEED)) for _ in members]
     assert len(reference_ms) == 1 and len(reference_ms[0]) == 3 and measurement["seed"] == SEED
     # the same seed writes the same bundle

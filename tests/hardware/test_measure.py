@@ -220,6 +220,50 @@ def test_quick_profile_builds_a_device_that_prices_layers(tmp_path):
         refit_profile("cpu-local", folder)
 
 
+def test_validation_tells_the_machines_speed_by_context_networks_the_profile_measured(tmp_path, monkeypatch):
+    """A few small reference networks misjudge how fast the machine runs now against its
+    profile by several percent; `validate_models` times again some of the profile's own
+    context networks (built again alone from the profile's seed) and takes the median
+    ratio, falling back to the reference networks where none builds as it was measured."""
+    import nasctl.hardware.measure.profile as profile
+
+    nets = profile.context_networks(60, seed=3)
+    for i in (0, len(nets) - 1):  # any context network builds again alone, as the profile drew it
+        assert profile.context_network(3, i)[0].SerializeToString() == nets[i][0].SerializeToString()
+    fitted = profile_machine("q", Protocol(rounds=2, repeats=1, warmup=1), kernels=60, seed=3)
+    m = fitted.spec["measurement"]
+    speed = m["speed_references"]
+    assert m["seeding"] == profile.SEEDING and speed["networks"]
+    assert all(ms <= profile.SPEED_REFERENCE_MAX_MS for ms in speed["ms"])
+    from nasctl.hardware.fit import write_device
+
+    write_device(tmp_path / "q", fitted)
+    device = LutDevice.from_dict({"name": "q", **fitted.spec}, tmp_path / "q")
+    stored = {nets[i][0].SerializeToString(): ms for i, ms in zip(speed["networks"], speed["ms"])}
+    refs = {r.SerializeToString(): ms for (r, _), ms in zip(profile.reference_networks(3), m["reference_ms"])}
+    # the machine now: the profile's context networks twice as slow, its reference networks 3x
+    def fake(models, *args, **kwargs):
+        return np.array([2 * stored[x] if x in stored else 3 * refs[x] if x in refs else 1.0 for x in models])
+
+    monkeypatch.setattr(profile, "measure_models", fake)
+    model = tiny(tmp_path, "m", 2)
+    s = profile.validate_models(device, [model], rounds=2)["summary"]
+    assert s["machine_vs_profile"] == pytest.approx(2.0)
+    assert s["machine_vs_profile_from"] == f"{len(speed['networks'])} of the profile's context networks"
+    # a network that no longer builds as it was measured is not used; with none left, the references
+    device.spec.measurement["speed_references"]["descriptions"] = ["another network"] * len(speed["networks"])
+    s = profile.validate_models(device, [model], rounds=2)["summary"]
+    assert s["machine_vs_profile"] == pytest.approx(3.0) and s["machine_vs_profile_from"] == "3 reference networks"
+    # a profile whose networks were drawn otherwise (before each had a seed of its own) names none
+    from nasctl.hardware.measure.attribution import MeasuredNetwork
+
+    doc = fitted.files[profile.MEASUREMENTS_FILE]
+    old = {k: v for k, v in doc["measurement"].items() if k != "seeding"}
+    again = profile.fit_profile("q", [MeasuredNetwork.from_dict(d) for d in doc["networks"]], old, doc["chunk_of"],
+                                doc["reference_ms"])
+    assert "speed_references" not in again.spec["measurement"]
+
+
 def test_in_context_costs_add_up_to_each_networks_end_to_end_time():
     from nasctl.hardware.measure.attribution import MeasuredNetwork
 

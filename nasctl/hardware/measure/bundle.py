@@ -99,7 +99,7 @@ def write_bundle(folder: Path, kernels: int = 5000, seed: int = 0, chunk: int = 
 
     from ... import __version__
     from .context import OPSET
-    from .profile import chunk_seeds, context_networks, reference_networks
+    from .profile import SEEDING, chunk_seeds, context_networks, reference_networks
 
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
@@ -122,7 +122,7 @@ def write_bundle(folder: Path, kernels: int = 5000, seed: int = 0, chunk: int = 
             on_progress(done + 1, len(todo), f"{len(todo)} networks")
     shutil.copyfile(runner.__file__, folder / RUNNER_FILE)
     doc = {"format": BUNDLE_FORMAT, "nasctl": __version__, "onnxruntime": ort.__version__, "opset": OPSET,
-           "kernels": kernels, "seed": seed,
+           "kernels": kernels, "seed": seed, "seeding": SEEDING,
            "chunk": chunk, "long_kernel_ms": LONG_KERNEL_MS, "runner": RUNNER_FILE,
            "runner_sha256": runner.sha256_of(folder / RUNNER_FILE),
            "networks": entries[:len(networks)], "references": entries[len(networks):],
@@ -311,7 +311,8 @@ def read_results(results: Path):
             return text
 
     machine = {key[len("machine."):]: value(v) for key, v in meta.items() if key.startswith("machine.")}
-    measurement = {**protocol.describe(), "seed": doc["seed"], "references": len(doc["references"]),
+    seeding = {"seeding": doc["seeding"]} if "seeding" in doc else {}  # bundles written before it: drawn in turn
+    measurement = {**protocol.describe(), "seed": doc["seed"], **seeding, "references": len(doc["references"]),
                    "machine": machine, "measuring_seconds": float(meta.get("measuring_seconds", 0) or 0),
                    "bundle": {"id": doc["id"], "nasctl": doc["nasctl"], "results": results.name}}
     if fusion["kernels"]:

@@ -44,15 +44,50 @@ def reference_networks(n: int = 3) -> list:
     return [random_network(np.random.default_rng(10_000 + k), max_macs=5e6) for k in range(n)]
 
 
+# How a profile's context networks are drawn (recorded in its `measurement:` section): each
+# from a seed of its own, [seed, index], so that any one of them can be built again alone.
+SEEDING = "per network"
+
+
+def context_network(seed: int, index: int):
+    """The context network `index` of the profile of `seed` (an onnx model and a description)."""
+    return random_network(np.random.default_rng([seed, index]))
+
+
 def context_networks(kernels: int, seed: int = 0) -> list:
     """Random context networks (onnx models with descriptions) until they hold `kernels`
     kernels: the same for the same seed, in `hw profile` and in `hw bundle`."""
-    rng = np.random.default_rng(seed)
     networks, count = [], 0
     while count < kernels:
-        networks.append(random_network(rng))
+        networks.append(context_network(seed, len(networks)))
         count += len({m.group(1) for n in networks[-1][0].graph.node if (m := TAG.search(n.name))})
     return networks
+
+
+SPEED_REFERENCES, SPEED_REFERENCE_MAX_MS = 24, 2.0
+
+
+def layers_digest(layers: Sequence) -> str:
+    """A short digest of a network's layers as the importer reads them: whether a context
+    network built again is the one a profile measured."""
+    import hashlib
+    import json
+
+    from ..lut import row_from_layer
+
+    rows = [row_from_layer(layer, 0.0) for layer in layers]
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def speed_references(measured: Sequence[MeasuredNetwork], k: int = SPEED_REFERENCES,
+                     max_ms: float = SPEED_REFERENCE_MAX_MS) -> list[int]:
+    """Which context networks `validate_models` times again to tell how fast the machine runs
+    now against the profile: `k` of those under `max_ms`, spread evenly over the profile
+    (so over its chunks, whose slowdowns are corrected with some error each)."""
+    small = [i for i, m in enumerate(measured) if m.latency_ms <= max_ms]
+    if not small:
+        return []
+    return sorted({small[int(j)] for j in np.linspace(0, len(small) - 1, min(k, len(small))).round()})
 
 
 def chunk_seeds(networks: int, chunk: int, seed: int) -> list[tuple[int, range]]:
@@ -96,7 +131,7 @@ def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: i
             measured += [measured_network(networks[i][1], ls, t) for i, ls, t in zip(chunks[k][1], layers[k], times)]
             chunk_of += [k] * len(times)
             ref_ms.append([t.latency_ms for t in ref_times])
-    measurement = {**protocol.describe(), "seed": seed, "references": references,
+    measurement = {**protocol.describe(), "seed": seed, "seeding": SEEDING, "references": references,
                    "machine": machine(), "measuring_seconds": round(time.perf_counter() - start, 1)}
     if on_progress is not None:
         on_progress(total, total, "fitting the regressors")
@@ -127,6 +162,13 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
     measured = [_slower_by(m, slower[k]) for m, k in zip(raw, chunk_of)]
     measurement = {**measurement, "chunk_slowdown_corrected": [round(float(f), 4) for f in slower],
                    "reference_ms": [round(float(v), 5) for v in np.median(ref, axis=0)] if ref.size else []}
+    measurement.pop("speed_references", None)
+    if measurement.get("seeding") == SEEDING and "seed" in measurement:  # networks that can be built again
+        picked = speed_references(measured)
+        measurement["speed_references"] = {
+            "networks": picked, "descriptions": [measured[i].description for i in picked],
+            "layers": [layers_digest(measured[i].layers) for i in picked],
+            "ms": [round(float(measured[i].latency_ms), 6) for i in picked]}
     done = sum(len(m.layers) for m in measured)
     costs, norm = in_context_costs(measured)
     rows = []
@@ -254,8 +296,8 @@ def refit_profile(name: str, folder: Path):
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{path}: cannot read the measured context networks ({type(e).__name__}); profile the "
                          f"machine again with `nasctl hw profile`") from None
-    measurement = {k: v for k, v in doc.get("measurement", {}).items() if k not in ("chunk_slowdown_corrected",
-                                                                                  "reference_ms")}
+    measurement = {k: v for k, v in doc.get("measurement", {}).items()
+                   if k not in ("chunk_slowdown_corrected", "reference_ms", "speed_references")}
     return fit_profile(name, measured, measurement, chunk_of, reference_ms)
 
 
@@ -268,19 +310,43 @@ def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int =
     (`compared`, one document each): the measuring noise is then the same for all."""
     from ..onnx_import import import_onnx
 
-    def recorded(dev) -> list:
-        return list(getattr(getattr(dev, "spec", None), "measurement", {}).get("reference_ms", []))
+    def measurement(dev) -> dict:
+        return getattr(getattr(dev, "spec", None), "measurement", None) or {}
 
-    threads = int(getattr(getattr(device, "spec", None), "measurement", {}).get("threads", 1))
+    def recorded(dev) -> list:
+        return list(measurement(dev).get("reference_ms", []))
+
+    def speed(dev) -> list:
+        """The device's speed references: ((seed, index), description, layers' digest, ms) each."""
+        m = measurement(dev)
+        s = m.get("speed_references") or {}
+        if m.get("seeding") != SEEDING or "seed" not in m:
+            return []
+        return [((int(m["seed"]), int(i)), d, str(digest), float(ms))
+                for i, d, digest, ms in zip(s.get("networks", []), s.get("descriptions", []), s.get("layers", []),
+                                            s.get("ms", []))]
+
+    threads = int(measurement(device).get("threads", 1))
     protocol = Protocol(threads=threads, rounds=rounds, spread_s=spread_s, sessions=sessions)
     imported = [import_onnx(Path(path)) for path in paths]
     # The profile's reference networks, measured beside the models where the device records
     # their times: how much slower (or faster) the machine runs now than when profiled.
     count = max((len(recorded(d)) for d in (device, *compare)), default=0)
     refs = [m.SerializeToString() for m, _ in reference_networks(count)] if count else []
+    # Better, where the profile names some of its context networks for it: those, built
+    # again (each one that still builds as it was measured).
+    again = {}
+    with tempfile.TemporaryDirectory(prefix="nasctl-validate-") as tmp:
+        for key, description, digest, _ in {r[0]: r for d in (device, *compare) for r in speed(d)}.values():
+            model, built = context_network(*key)
+            path = Path(tmp) / "network.onnx"
+            path.write_bytes(model.SerializeToString())
+            if built == description and layers_digest(import_onnx(path).layers) == digest:
+                again[key] = path.read_bytes()
     done = iter(range(1, rounds + 1))
-    measured = measure_models([*paths, *refs], protocol, seed,
+    measured = measure_models([*paths, *refs, *again.values()], protocol, seed,
                               on_round=lambda: on_progress and on_progress(next(done), rounds, "rounds"))
+    now_of = dict(zip(again, measured[len(paths) + len(refs):]))
     docs = []
     for dev in (device, *compare):
         rows = []
@@ -297,5 +363,10 @@ def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int =
         if mine:
             now = measured[len(paths):len(paths) + len(mine)]
             summary["machine_vs_profile"] = float(np.median(now / np.array(mine)))
+            summary["machine_vs_profile_from"] = f"{len(mine)} reference networks"
+        ratios = [now_of[key] / ms for key, _, _, ms in speed(dev) if key in now_of]
+        if ratios:
+            summary["machine_vs_profile"] = float(np.median(ratios))
+            summary["machine_vs_profile_from"] = f"{len(ratios)} of the profile's context networks"
         docs.append({"device": dev.name, "protocol": protocol.describe(), "models": rows, "summary": summary})
     return {**docs[0], **({"compared": docs[1:]} if compare else {})}
