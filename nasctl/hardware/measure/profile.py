@@ -214,7 +214,7 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
 
 
 def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredNetwork], spec: dict,
-                   folds: int = 5, seed: int = 0, penalty: float = 0.01,
+                   folds: int = 5, seed: int = 0, penalty: float = 0.001, group_penalty: float = 1.0,
                    bounds_ms: tuple[float, float] = (-0.002, 0.01),
                    slope_bounds: tuple[float, float] = (-0.2, 0.2)) -> tuple[dict[str, float], Optional[dict], dict]:
     """Per kernel group (`lut.kernel_group`), a fixed cost added to each of its layers, and
@@ -236,8 +236,10 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     regressors price a network of many small kernels low and one of few large ones high.
     The offsets are fitted on out-of-fold prices (the device fitted again without a
     network's fold prices it: a table hit would repeat its own network's times), by
-    robust least squares on relative errors with a ridge penalty (per microsecond of an
-    offset, per hundredth of the slope)."""
+    robust least squares on relative errors with penalties (per microsecond of the offset
+    all kernels share, a thousand times more per microsecond of a group's deviation from
+    it - a deviation stays only where many networks ask for it - and per hundredth of the
+    slope)."""
     from scipy.optimize import least_squares
 
     from ..fit import FittedDevice, _median_rows
@@ -264,18 +266,26 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     run = float(spec["overhead"].get("per_model_ms", 0.0))
     size = np.array([max(working_set_bytes(m.layers), 1.0) for m in measured])
     ref = float(np.median(size))
-    # the kernels' price (the run overhead left out) times ln(W / ref): the slope's column
-    columns = np.column_stack([count, (price - run) * np.log(size / ref)])
-    lower = np.r_[[bounds_ms[0]] * len(names), slope_bounds[0]]
-    upper = np.r_[[bounds_ms[1]] * len(names), slope_bounds[1]]
-    scale = np.r_[[1e3] * len(names), 1e2]  # the penalty per microsecond of an offset, per hundredth of the slope
-    x = least_squares(lambda c: np.r_[(price + columns @ c) / y - 1, penalty * c * scale], np.zeros(len(names) + 1),
+    # One offset shared by every kernel plus each group's own deviation from it, and the
+    # kernels' price (the run overhead left out) times ln(W / ref) for the slope.  A group's
+    # deviation is penalised far more than the shared offset: fitted freely, the groups'
+    # offsets traded microseconds between groups that occur together and changed sign from
+    # one profile of the same machine to the next (add +1.9 -> -0.2 us, mul +4.0 -> -0.8),
+    # which moved the price of a network of a hundred tiny kernels by a third.
+    columns = np.column_stack([count.sum(axis=1), count, (price - run) * np.log(size / ref)])
+    k = len(names)
+    lower = np.r_[bounds_ms[0], [bounds_ms[0]] * k, slope_bounds[0]]
+    upper = np.r_[bounds_ms[1], [bounds_ms[1]] * k, slope_bounds[1]]
+    # the penalties per microsecond of the shared offset and of a deviation, per hundredth of the slope
+    weight = np.r_[penalty * 1e3, [group_penalty * 1e3] * k, 0.01 * 1e2]
+    x = least_squares(lambda c: np.r_[(price + columns @ c) / y - 1, weight * c], np.zeros(k + 2),
                       loss="soft_l1", f_scale=0.05, bounds=(lower, upper)).x
-    offsets = {g: round(float(v), 7) for g, v in zip(names, x) if count[:, col[g]].any()}
+    offsets = {g: round(float(x[0] + x[1 + j]), 7) for j, g in enumerate(names) if count[:, col[g]].any()}
     before, after = price / y - 1, (price + columns @ x) / y - 1
     within = lambda e: round(float(np.mean(np.abs(e) <= 0.10)), 4)  # noqa: E731
     return offsets, {"ref_bytes": ref, "slope": round(float(x[-1]), 6)}, {
-        "folds": folds, "networks": n, "penalty_per_us": penalty,
+        "folds": folds, "networks": n, "penalty_per_us": {"shared": penalty, "group": group_penalty},
+        "shared_ms": round(float(x[0]), 7),
         "out_of_fold_within_10pct": {"without_offsets": within(before), "with_offsets_fitted_on_all": within(after)}}
 
 
