@@ -147,7 +147,7 @@ def main() -> None:
             gap = (b["load_adjusted"]["within_10pct"] - a["load_adjusted"]["within_10pct"]) * 100
             print(f"  load-adjusted: {gap:+.1f} points within ±10%; the machine ran at "
                   f"{a['load_adjusted']['factor']:.3f}x the hw profile device's times and "
-                  f"{b['load_adjusted']['factor']:.3f}x the {what} device's (by {b.get('machine_vs_profile_from')})")
+                  f"{b['load_adjusted']['factor']:.3f}x the {what} device's (by {b['machine_vs_profile_from']})")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "seconds": seconds,
                                          "bundle": written, "figures": figures, "zoo": doc}, indent=2),

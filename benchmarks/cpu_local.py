@@ -56,7 +56,7 @@ def print_machine_state(summary: dict) -> None:
     """How busy the machine was while validating, against the profile (`validate_models`)."""
     if "machine_vs_profile" in summary:
         print(f"the machine runs at {summary['machine_vs_profile']:.3f}x its profiled time now, by "
-              f"{summary.get('machine_vs_profile_from', 'the reference networks')} (its load now against the "
+              f"{summary['machine_vs_profile_from']} (its load now against the "
               f"profile's typical chunk)")
 
 

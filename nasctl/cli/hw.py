@@ -263,5 +263,5 @@ def validate(
               f"{s['within_10pct'] * 100:.0f}% within ±10%, RMS error {s['rms_error_pct']:.1f}%.")
     if "machine_vs_profile" in s:
         out.print(f"The machine runs at {s['machine_vs_profile']:.2f}x its profiled time now, by "
-                  f"{s.get('machine_vs_profile_from', 'the reference networks')} timed beside the models "
+                  f"{s['machine_vs_profile_from']} timed beside the models "
                   f"(above 1: it is slower or busier now than when it was profiled).")

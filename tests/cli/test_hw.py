@@ -99,7 +99,7 @@ def test_validate_prints_the_table_and_shares(ws, tmp_path):
     assert 0 <= doc["summary"]["within_10pct"] <= 1 and doc["summary"]["rms_error_pct"] >= 0
 
 
-def test_quick_profile_writes_the_local_device(ws):
+def test_quick_profile_writes_the_local_device(ws, tmp_path):
     result = invoke("--workspace", ws, "hw", "profile", "--kernels", 20, "--rounds", 2, "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
@@ -111,6 +111,13 @@ def test_quick_profile_writes_the_local_device(ws):
     assert header[:len(LUT_COLUMNS)] == list(LUT_COLUMNS) and set(header[len(LUT_COLUMNS):]) <= {"dequantized"}
     shown = invoke("--workspace", ws, "hw", "show", "cpu-local", "--json")
     assert shown.exit_code == 0 and json.loads(shown.stdout)["measurement"]["clock"] == "thread_cpu"
+    # validating says how fast the machine runs now against the profile, and by what
+    validated = invoke("--workspace", ws, "hw", "validate", "--device", "cpu-local",
+                       tiny_model(tmp_path / "a.onnx", 8), "--rounds", 2)
+    assert validated.exit_code == 0, validated.output
+    speed = spec["measurement"]["speed_references"]["networks"]
+    by = f"{len(speed)} of the profile's context networks" if speed else "3 reference networks"
+    assert "The machine runs at" in validated.stdout and by in " ".join(validated.stdout.split())
 
 
 def test_profile_without_a_workspace_is_one_line():

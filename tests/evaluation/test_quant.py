@@ -1,5 +1,6 @@
 """The activation fake quantizer's fast path (no gradients) equals torch's kernel bit for bit."""
 
+import numpy as np
 import torch
 
 from nasctl.evaluation.quant import ActQuant, fake_quant_act
@@ -52,7 +53,7 @@ def _calibrated_mbv2(bits: int):
     from nasctl.spaces.loader import load_space
 
     space = load_space("ee-mbv2")
-    arch = space.sample(__import__("numpy").random.default_rng(3))
+    arch = space.sample(np.random.default_rng(3))
     arch.update({k: bits for k in arch if k.endswith("_bits")})
     torch.manual_seed(0)
     net = space.build(arch, (1, 8, 8), 10)

@@ -215,7 +215,7 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
 
 def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredNetwork], spec: dict,
                    folds: int = 5, seed: int = 0, penalty: float = 0.001, group_penalty: float = 1.0,
-                   bounds_ms: tuple[float, float] = (-0.002, 0.01),
+                   slope_penalty: float = 0.01, bounds_ms: tuple[float, float] = (-0.002, 0.01),
                    slope_bounds: tuple[float, float] = (-0.2, 0.2)) -> tuple[dict[str, float], Optional[dict], dict]:
     """Per kernel group (`lut.kernel_group`), a fixed cost added to each of its layers, and
     the working-set slope (`lut.WorkingSet`, about the context networks' median working
@@ -277,7 +277,7 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     lower = np.r_[bounds_ms[0], [bounds_ms[0]] * k, slope_bounds[0]]
     upper = np.r_[bounds_ms[1], [bounds_ms[1]] * k, slope_bounds[1]]
     # the penalties per microsecond of the shared offset and of a deviation, per hundredth of the slope
-    weight = np.r_[penalty * 1e3, [group_penalty * 1e3] * k, 0.01 * 1e2]
+    weight = np.r_[penalty * 1e3, [group_penalty * 1e3] * k, slope_penalty * 1e2]
     x = least_squares(lambda c: np.r_[(price + columns @ c) / y - 1, weight * c], np.zeros(k + 2),
                       loss="soft_l1", f_scale=0.05, bounds=(lower, upper)).x
     offsets = {g: round(float(x[0] + x[1 + j]), 7) for j, g in enumerate(names) if count[:, col[g]].any()}
@@ -285,6 +285,7 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     within = lambda e: round(float(np.mean(np.abs(e) <= 0.10)), 4)  # noqa: E731
     return offsets, {"ref_bytes": ref, "slope": round(float(x[-1]), 6)}, {
         "folds": folds, "networks": n, "penalty_per_us": {"shared": penalty, "group": group_penalty},
+        "penalty_per_hundredth_of_slope": slope_penalty,
         "shared_ms": round(float(x[0]), 7),
         "out_of_fold_within_10pct": {"without_offsets": within(before), "with_offsets_fitted_on_all": within(after)}}
 
@@ -349,10 +350,10 @@ def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int =
     with tempfile.TemporaryDirectory(prefix="nasctl-validate-") as tmp:
         for key, description, digest, _ in {r[0]: r for d in (device, *compare) for r in speed(d)}.values():
             model, built = context_network(*key)
-            path = Path(tmp) / "network.onnx"
-            path.write_bytes(model.SerializeToString())
+            data, path = model.SerializeToString(), Path(tmp) / "network.onnx"
+            path.write_bytes(data)
             if built == description and layers_digest(import_onnx(path).layers) == digest:
-                again[key] = path.read_bytes()
+                again[key] = data
     done = iter(range(1, rounds + 1))
     measured = measure_models([*paths, *refs, *again.values()], protocol, seed,
                               on_round=lambda: on_progress and on_progress(next(done), rounds, "rounds"))
