@@ -243,8 +243,12 @@ class TrialStore:
         trial = self.study.ask(self._distributions)  # the architecture is stored as the trial's params
         ts = self._optuna.trial.TrialState
         for t in self.study.get_trials(deepcopy=False, states=(ts.COMPLETE, ts.RUNNING, ts.FAIL)):
+            # a trial's key is stored with it; one another worker has only just asked for has
+            # its params alone (comparing keys, not re-serialising every trial's params: that
+            # made each start cost time in proportion to the trials before it)
             if t.number < trial.number and (t.state != ts.FAIL or "error" in t.user_attrs) \
-                    and len(t.params) == len(arch) and arch_key(t.params) == key:
+                    and len(t.params) == len(arch) and t.user_attrs.get("arch", key) == key \
+                    and ("arch" in t.user_attrs or arch_key(t.params) == key):
                 self.stop(trial)
                 return None
         trial.set_user_attr("arch", key)
