@@ -423,8 +423,12 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
         store.write_trials(trials.finished_rows())
     if on_start:
         on_start(cfg.budget, trials.n_claimed())
+    from . import workspace
+
+    explicit = workspace.explicit()
     workers = [multiprocessing.get_context("spawn").Process(
-        target=_worker, args=(cfg.model_dump(), str(store.path), _resolved_paths(cfg)), daemon=True)
+        target=_worker, args=(cfg.model_dump(), str(store.path), _resolved_paths(cfg),
+                              None if explicit is None else str(explicit.resolve())), daemon=True)
         for _ in range(1, cfg.workers)]
     for w in workers:
         w.start()
@@ -432,6 +436,10 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
         _work(evaluator, store, trials, worker=index, on_trial=on_trial)
         for w in workers:
             w.join()
+        stopped = [k for k, w in enumerate(workers, 1) if w.exitcode != 0]
+        if stopped:
+            notes.append(f"{len(stopped)} of {cfg.workers} local workers stopped early (their error is printed "
+                         "above); the others ran the budget")
     except KeyboardInterrupt:
         for w in workers:
             w.terminate()
@@ -530,20 +538,30 @@ def _resolved_paths(cfg: SearchConfig) -> dict:
     return {what: cfg.path(what) for what in ("space", "device")}
 
 
-def _worker(cfg_dump: dict, run_dir: str, paths: dict) -> None:
+def _worker(cfg_dump: dict, run_dir: str, paths: dict, workspace_dir: str | None = None) -> None:
     """A local worker process: the same search on the same study (the same files), its
-    strategy seeded apart."""
+    strategy seeded apart, names (supernets, predictors) resolved in the same workspace.
+    An error ends it with one line on stderr and exit status 2; the other workers go on."""
+    import sys
+
+    from . import workspace
+    from .errors import NasctlError
+
+    workspace.set_workspace(None if workspace_dir is None else Path(workspace_dir))
     cfg = SearchConfig(**cfg_dump)
     cfg._paths.update(paths)
-    evaluator = Evaluator(cfg)
-    path = Path(run_dir)
-    evaluator.keep_in = kept_in(cfg, path)
-    trials = TrialStore(storage_url(cfg, path), study_name(cfg, path), directions(cfg), evaluator.space, cfg.seed,
-                        objectives=cfg.objectives)
     try:
+        evaluator = Evaluator(cfg)
+        path = Path(run_dir)
+        evaluator.keep_in = kept_in(cfg, path)
+        trials = TrialStore(storage_url(cfg, path), study_name(cfg, path), directions(cfg), evaluator.space,
+                            cfg.seed, objectives=cfg.objectives)
         _work(evaluator, RunStore(path, evaluator.columns), trials, worker=trials.register(cfg_dump, False))
     except KeyboardInterrupt:
         pass
+    except NasctlError as e:
+        print(f"error: a local worker stopped: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _work(evaluator: Evaluator, store: RunStore, trials: TrialStore, worker: int,

@@ -27,6 +27,12 @@ def set_workspace(path: Path | None) -> None:
     _explicit = path
 
 
+def explicit() -> Path | None:
+    """The workspace `--workspace` set in this process (None: not set; NASCTL_WORKSPACE and
+    the current folder are inherited by child processes anyway)."""
+    return _explicit
+
+
 @dataclass(frozen=True)
 class Root:
     origin: str  # "workspace", "project", "packaged", or a plugin's "DISTRIBUTION VERSION"

@@ -282,3 +282,15 @@ def test_a_search_scores_candidates_on_inherited_weights_and_exports_them(traine
     assert card["figures"]["model"]["accuracy"] == pytest.approx(row["accuracy"], abs=1e-3)
     assert card["figures"]["model"]["weights"] == "inherited from supernet 'sn', batch norm recalibrated"
     assert (tmp_path / "exp" / "model.onnx").is_file()
+
+
+def test_local_workers_find_the_supernet_in_the_workspace(trained, tmp_path):
+    """--workers N with --workspace: every worker process resolves `supernet:NAME` where the
+    first one did; a worker that stopped would be named in the run's notes."""
+    ws, data, _ = trained
+    res = invoke("--workspace", ws, "search", "--space", "tiny", "--dataset", data, "--accuracy", "supernet:sn",
+                 "--strategy", "random", "--budget", 12, "--workers", 2, "--run-dir", tmp_path / "run", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["timings"]["trials"] >= 12 and doc["failed"] == 0
+    assert not [n for n in doc["notes"] if "stopped early" in n], doc["notes"]
