@@ -14,7 +14,7 @@ agreement with stand-alone training, and a 2,000-candidate search against the de
    read from their caches (runs/supernet-bench/labels-*.csv, made with
    `predictors_eenn.trainings`); a set whose caches are incomplete is skipped.
 4. With `--search`: `nasctl search --accuracy supernet:N --budget 2000` (`--strategy`,
-   journal storage, no kept weights) timed, plus the supernet's training time, against a
+   `--workers`, journal storage, no kept weights) timed, plus the supernet's training time, against a
    default search (`nasctl search`, seed 0; or `--default-json FILE`, its recorded wall
    time); then every front point of the supernet search is retrained stand-alone as the
    default search trains (5 epochs, its seed) and priced again with its new exit rates,
@@ -22,7 +22,7 @@ agreement with stand-alone training, and a 2,000-candidate search against the de
    the default run's reference point (`nasctl.runs`).
 
     python benchmarks/supernet.py [--workspace runs/supernet-bench/ws] [--name bench] [--epochs 10] \\
-        [--rounds 3] [--timing 8] [--sets tune,held] [--partial] [--search] [--budget 2000] [--strategy nsga2] [--default-json FILE]
+        [--rounds 3] [--timing 8] [--sets tune,held] [--partial] [--search] [--budget 2000] [--strategy nsga2] [--workers 1] [--default-json FILE]
 """
 
 from __future__ import annotations
@@ -187,15 +187,16 @@ def search(args, card) -> None:
     big.mkdir(parents=True)
     wall, _ = nasctl("search", "--space", pe.SPACE, "--accuracy", f"supernet:{args.name}", "--budget", args.budget,
                      "--strategy", args.strategy, "--keep-weights", "none", "--seed", 0,
-                     "--storage", f"journal:{big / 'study.journal'}", "--run-dir", big / "run", "--json",
-                     workspace=args.workspace)
+                     "--storage", f"journal:{big / 'study.journal'}", "--run-dir", big / "run", "--workers",
+                     args.workers, "--json", workspace=args.workspace)
     if args.default_json:  # a default search run beforehand: its `nasctl search --json` document
         doc = json.loads(Path(args.default_json).read_text())
         default, default_wall = runs.load(doc["run_dir"]), float(doc["timings"]["total_s"])
     else:
         default_wall, _ = nasctl("search", "--seed", 0, "--run-dir", out / "default", "--json")
         default = runs.load(str(out / "default"))
-    print(f"search of {args.budget} candidates with the supernet ({args.strategy}): {wall:.0f} s + its training "
+    print(f"search of {args.budget} candidates with the supernet ({args.strategy}, {args.workers} worker"
+          f"{'s' if args.workers > 1 else ''}): {wall:.0f} s + its training "
           f"{card['train_seconds']:.0f} s = {wall + card['train_seconds']:.0f} s; the default search "
           f"(40 candidates, proxy training): {default_wall:.0f} s")
     found = runs.load(str(big / "run"))
@@ -236,6 +237,8 @@ def main() -> None:
     ap.add_argument("--search", action="store_true")
     ap.add_argument("--budget", type=int, default=2000)
     ap.add_argument("--strategy", default="nsga2")
+    ap.add_argument("--workers", type=int, default=1, help="local workers of the supernet search (`--workers`); "
+                                                           "the default search runs as `nasctl search` does")
     ap.add_argument("--default-json", help="the `nasctl search --seed 0 --json` output of a default search run "
                                            "beforehand, instead of running one")
     args = ap.parse_args()
