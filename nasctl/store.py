@@ -10,6 +10,7 @@ first.  `--storage URL` puts the study in any optuna RDB (PostgreSQL, MySQL) or,
 from __future__ import annotations
 
 import csv
+import datetime
 import fcntl
 import time
 import warnings
@@ -172,8 +173,10 @@ class TrialStore:
                  objectives: Sequence[str] | None = None):
         import optuna
 
-        self.study = optuna.create_study(storage=open_storage(storage), study_name=study_name,
+        self._storage = open_storage(storage)
+        self.study = optuna.create_study(storage=self._storage, study_name=study_name,
                                          directions=list(directions), load_if_exists=True)
+        self._study_id = self._storage.get_study_id_from_name(study_name)
         if [d.name.lower() for d in self.study.directions] != list(directions):
             raise UsageError(f"study '{study_name}' in '{storage}' optimises other objectives")
         if objectives is not None and self.study.metric_names is None:
@@ -183,7 +186,6 @@ class TrialStore:
                 self.study.set_metric_names(list(objectives))
         self._optuna = optuna
         self._space = space
-        self._base_sampler = optuna.samplers.RandomSampler(seed=seed)
         self._distributions = {v.name: optuna.distributions.CategoricalDistribution(list(v.choices))
                                for v in space.variables()}
         self.worker = 0  # this process's index among the study's workers (set by `register`)
@@ -237,22 +239,27 @@ class TrialStore:
         """Open a trial for `arch` (marked running, so other workers count it), or None
         where another worker claimed the same architecture first: of two workers racing
         for one candidate, the lower trial number keeps it."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", self._optuna.exceptions.ExperimentalWarning)
-            self.study.sampler = self._optuna.samplers.PartialFixedSampler(dict(arch), self._base_sampler)
-        trial = self.study.ask(self._distributions)  # the architecture is stored as the trial's params
-        ts = self._optuna.trial.TrialState
+        optuna = self._optuna
+        ts = optuna.trial.TrialState
+        # One write: the trial is created running with the architecture as its params and
+        # its key and worker as user attributes (asking with fixed params wrote each param
+        # apart, about twenty writes a trial, each taking the journal file's lock).
+        template = optuna.trial.FrozenTrial(
+            number=-1, state=ts.RUNNING, value=None, datetime_start=datetime.datetime.now(),
+            datetime_complete=None, params={name: arch[name] for name in self._distributions},
+            distributions=self._distributions, user_attrs={"arch": key, "worker": self.worker},
+            system_attrs={}, intermediate_values={}, trial_id=-1)
+        template._validate()
+        trial = optuna.trial.Trial(self.study, self._storage.create_new_trial(self._study_id, template_trial=template))
         for t in self.study.get_trials(deepcopy=False, states=(ts.COMPLETE, ts.RUNNING, ts.FAIL)):
-            # a trial's key is stored with it; one another worker has only just asked for has
-            # its params alone (comparing keys, not re-serialising every trial's params: that
-            # made each start cost time in proportion to the trials before it)
+            # the key stored with each trial is compared (re-serialising every trial's params
+            # made each start cost time in proportion to the trials before it); a trial that
+            # an earlier version of nasctl had only just asked for holds its params alone
             if t.number < trial.number and (t.state != ts.FAIL or "error" in t.user_attrs) \
                     and len(t.params) == len(arch) and t.user_attrs.get("arch", key) == key \
                     and ("arch" in t.user_attrs or arch_key(t.params) == key):
                 self.stop(trial)
                 return None
-        trial.set_user_attr("arch", key)
-        trial.set_user_attr("worker", self.worker)
         return trial
 
     def finish(self, trial, row: Mapping, values: Sequence[float], violations: Mapping[str, float]) -> int:
