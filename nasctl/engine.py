@@ -416,7 +416,7 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
         store.write_config({**cfg.model_dump(), "resolved": {**evaluator.resolved(), **auto}})
     evaluator.keep_in = kept_in(cfg, store.path)
     trials = TrialStore(storage_url(cfg, store.path), study_name(cfg, store.path), directions(cfg),
-                        evaluator.space, cfg.seed, objectives=cfg.objectives)
+                        evaluator.space, objectives=cfg.objectives)
     index = trials.register(cfg.model_dump(), resume)
     if resume:
         trials.fail_stale()
@@ -436,9 +436,9 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
         _work(evaluator, store, trials, worker=index, on_trial=on_trial)
         for w in workers:
             w.join()
-        stopped = [k for k, w in enumerate(workers, 1) if w.exitcode != 0]
+        stopped = sum(w.exitcode != 0 for w in workers)
         if stopped:
-            notes.append(f"{len(stopped)} of {cfg.workers} local workers stopped early (their error is printed "
+            notes.append(f"{stopped} of {cfg.workers} local workers stopped early (their error is printed "
                          "above); the others ran the budget")
     except KeyboardInterrupt:
         for w in workers:
@@ -555,7 +555,7 @@ def _worker(cfg_dump: dict, run_dir: str, paths: dict, workspace_dir: str | None
         path = Path(run_dir)
         evaluator.keep_in = kept_in(cfg, path)
         trials = TrialStore(storage_url(cfg, path), study_name(cfg, path), directions(cfg), evaluator.space,
-                            cfg.seed, objectives=cfg.objectives)
+                            objectives=cfg.objectives)
         _work(evaluator, RunStore(path, evaluator.columns), trials, worker=trials.register(cfg_dump, False))
     except KeyboardInterrupt:
         pass

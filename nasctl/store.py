@@ -169,7 +169,7 @@ class TrialStore:
     the objectives, whose params are the architecture's knobs, and whose user attribute
     `row` is its trials.csv row."""
 
-    def __init__(self, storage: str, study_name: str, directions: Sequence[str], space, seed: int,
+    def __init__(self, storage: str, study_name: str, directions: Sequence[str], space,
                  objectives: Sequence[str] | None = None):
         import optuna
 

@@ -258,7 +258,7 @@ def make_run_with_study(path: Path, points) -> Path:
     store = RunStore.create(path, "unused", COLUMNS)
     store.write_config({"space": "nb201", "device": "edge-quad", "strategy": "random", "seed": 0,
                         "objectives": ["accuracy", "edp"]})
-    study = TrialStore(f"sqlite:///{path / 'study.db'}", path.name, ["maximize", "minimize"], space, 0)
+    study = TrialStore(f"sqlite:///{path / 'study.db'}", path.name, ["maximize", "minimize"], space)
     rng = np.random.default_rng(0)
     for acc, edp in points:
         arch = space.sample(rng)

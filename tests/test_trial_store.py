@@ -13,7 +13,7 @@ def test_the_study_is_created_with_the_objectives_as_metric_names(tmp_path):
     with warnings.catch_warnings():
         # set_metric_names is experimental in optuna: its warning is not shown to the user
         warnings.simplefilter("error", optuna.exceptions.ExperimentalWarning)
-        TrialStore(url, "run", ["maximize", "minimize"], load_space("nb201"), 0, objectives=["accuracy", "edp"])
+        TrialStore(url, "run", ["maximize", "minimize"], load_space("nb201"), objectives=["accuracy", "edp"])
     assert optuna.load_study(study_name="run", storage=url).metric_names == ["accuracy", "edp"]
 
 
@@ -23,5 +23,5 @@ def test_names_already_set_are_kept(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         study.set_metric_names(["top-1", "energy-delay"])
-    TrialStore(url, "run", ["maximize", "minimize"], load_space("nb201"), 0, objectives=["accuracy", "edp"])
+    TrialStore(url, "run", ["maximize", "minimize"], load_space("nb201"), objectives=["accuracy", "edp"])
     assert optuna.load_study(study_name="run", storage=url).metric_names == ["top-1", "energy-delay"]
