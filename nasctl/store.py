@@ -10,7 +10,6 @@ first.  `--storage URL` puts the study in any optuna RDB (PostgreSQL, MySQL) or,
 from __future__ import annotations
 
 import csv
-import datetime
 import fcntl
 import time
 import warnings
@@ -244,20 +243,13 @@ class TrialStore:
         # One write: the trial is created running with the architecture as its params and
         # its key and worker as user attributes (asking with fixed params wrote each param
         # apart, about twenty writes a trial, each taking the journal file's lock).
-        template = optuna.trial.FrozenTrial(
-            number=-1, state=ts.RUNNING, value=None, datetime_start=datetime.datetime.now(),
-            datetime_complete=None, params={name: arch[name] for name in self._distributions},
-            distributions=self._distributions, user_attrs={"arch": key, "worker": self.worker},
-            system_attrs={}, intermediate_values={}, trial_id=-1)
-        template._validate()
+        template = optuna.trial.create_trial(  # checks each param against its choices
+            state=ts.RUNNING, params={name: arch[name] for name in self._distributions},
+            distributions=self._distributions, user_attrs={"arch": key, "worker": self.worker})
         trial = optuna.trial.Trial(self.study, self._storage.create_new_trial(self._study_id, template_trial=template))
         for t in self.study.get_trials(deepcopy=False, states=(ts.COMPLETE, ts.RUNNING, ts.FAIL)):
-            # the key stored with each trial is compared (re-serialising every trial's params
-            # made each start cost time in proportion to the trials before it); a trial that
-            # an earlier version of nasctl had only just asked for holds its params alone
             if t.number < trial.number and (t.state != ts.FAIL or "error" in t.user_attrs) \
-                    and len(t.params) == len(arch) and t.user_attrs.get("arch", key) == key \
-                    and ("arch" in t.user_attrs or arch_key(t.params) == key):
+                    and len(t.params) == len(arch) and _key_of(t) == key:
                 self.stop(trial)
                 return None
         return trial
@@ -280,6 +272,14 @@ class TrialStore:
     def stop(self, trial) -> None:
         """The trial was interrupted: it does not count, and a resumed search retries it."""
         self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
+
+
+def _key_of(trial) -> str:
+    """A trial's architecture key: the one stored with it (comparing stored keys, not
+    re-serialising every trial's params, keeps a start's cost from growing with the trials
+    before it), or that of its params where an earlier version of nasctl stored none."""
+    stored = trial.user_attrs.get("arch")
+    return stored if stored is not None else arch_key(trial.params)
 
 
 def stored_config(storage: str, study_name: str) -> dict | None:
