@@ -220,6 +220,36 @@ def test_quick_profile_builds_a_device_that_prices_layers(tmp_path):
         refit_profile("cpu-local", folder)
 
 
+def test_a_full_profile_draws_every_tenth_context_network_large_and_a_quick_one_none(tmp_path, monkeypatch):
+    """Published models run their kernels slower than small networks do (their tensors
+    leave the caches); a profile of LARGE_FROM kernels or more measures large networks
+    (0.1-1 GMAC) beside the small ones, their kernels not counted against the budget, and
+    any one of them builds again alone from the profile's seed and seeding."""
+    import nasctl.hardware.measure.profile as profile
+
+    monkeypatch.setattr(profile, "LARGE_FROM", 100)
+    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_LARGE
+    nets = profile.context_networks(600, seed=7)
+
+    def macs(model) -> int:
+        path = tmp_path / "net.onnx"
+        onnx.save(model, str(path))
+        return sum(layer.macs for layer in import_onnx(path).layers)
+
+    large = [i for i in range(len(nets)) if profile.is_large(i, profile.SEEDING_LARGE)]
+    assert large and all(i % profile.LARGE_EVERY == profile.LARGE_EVERY - 1 for i in large)
+    for i in large:
+        assert nets[i][1].startswith("large ") and macs(nets[i][0]) >= 0.5e8
+        again = profile.context_network(7, i, profile.SEEDING_LARGE)[0]
+        assert again.SerializeToString() == nets[i][0].SerializeToString()
+    small = [i for i in range(len(nets)) if i not in large]
+    assert np.median([macs(nets[i][0]) for i in small]) < 0.5e8
+    counted = sum(len({m.group(1) for n in nets[i][0].graph.node if (m := TAG.search(n.name))}) for i in small)
+    before_last = counted - len({m.group(1) for n in nets[small[-1]][0].graph.node if (m := TAG.search(n.name))})
+    assert before_last < 600 <= counted  # the budget counts the small networks' kernels only
+    assert not any(profile.is_large(i, profile.SEEDING_PLAIN) for i in range(len(nets)))
+
+
 def test_validation_tells_the_machines_speed_by_context_networks_the_profile_measured(tmp_path, monkeypatch):
     """A few small reference networks misjudge how fast the machine runs now against its
     profile by several percent; `validate_models` times again some of the profile's own
@@ -229,11 +259,12 @@ def test_validation_tells_the_machines_speed_by_context_networks_the_profile_mea
 
     nets = profile.context_networks(60, seed=3)
     for i in (0, len(nets) - 1):  # any context network builds again alone, as the profile drew it
-        assert profile.context_network(3, i)[0].SerializeToString() == nets[i][0].SerializeToString()
+        assert profile.context_network(3, i, profile.seeding_for(60))[0].SerializeToString() == \
+            nets[i][0].SerializeToString()
     fitted = profile_machine("q", Protocol(rounds=2, repeats=1, warmup=1), kernels=60, seed=3)
     m = fitted.spec["measurement"]
     speed = m["speed_references"]
-    assert m["seeding"] == profile.SEEDING and speed["networks"]
+    assert m["seeding"] == profile.seeding_for(60) == profile.SEEDING_PLAIN and speed["networks"]
     assert all(ms <= profile.SPEED_REFERENCE_MAX_MS for ms in speed["ms"])
     from nasctl.hardware.fit import write_device
 
@@ -419,6 +450,38 @@ def test_the_profile_fits_how_kernels_slow_down_in_large_working_sets():
         true = 0.01 + sum(base) * slow(layers)
         assert device.estimate(layers).latency_ms == pytest.approx(true, rel=0.05)
     assert without.estimate(layers).latency_ms < 0.93 * true  # without the slope, the large one is priced low
+
+
+def test_large_context_networks_fit_the_slope_but_stay_out_of_the_table():
+    # A large network's kernels ran slower than in a small model (its tensors left the
+    # caches): its kernels must not price a small model's, but its end-to-end time is what
+    # tells the working-set slope.
+    from nasctl.hardware.lut import working_set_bytes
+    from nasctl.hardware.measure.attribution import MeasuredNetwork
+    from nasctl.hardware.measure.profile import LARGE_PREFIX, fit_profile
+
+    rng = np.random.default_rng(2)
+    shapes = [(int(rng.choice([16, 24, 32])), int(rng.choice([8, 16]))) for _ in range(6)]
+
+    def network(tokens):
+        layers = [LayerSpec("conv", c, c, (hw, hw), (hw, hw), (3, 3), name=f"k{j}:conv")
+                  for j, (c, hw) in enumerate(shapes)]
+        if tokens:
+            layers.append(LayerSpec("data", 1024, 1024, (tokens, 1), (tokens, 1), fn="transpose", name="k9:t"))
+        return layers, [2e-3 + layer.macs * 1e-8 if layer.op == "conv" else 1e-4 for layer in layers]
+
+    raw = [network(int(rng.choice([0, 0, 1024, 4096]))) for _ in range(40)] + [network(65536) for _ in range(8)]
+    ref = float(np.median([working_set_bytes(layers) for layers, _ in raw]))
+    slow = lambda layers: 1 + 0.03 * np.log(working_set_bytes(layers) / ref)  # noqa: E731
+    nets = [MeasuredNetwork(f"{LARGE_PREFIX * (len(layers) > 6 and layers[-1].in_hw[0] == 65536)}net {i}", layers,
+                            [b * slow(layers) for b in base], [1.0] * len(base), 0.01 + sum(base) * slow(layers))
+            for i, (layers, base) in enumerate(raw)]
+    assert sum(n.description.startswith(LARGE_PREFIX) for n in nets) == 8
+    fitted = fit_profile("cpu-local", nets, {}, [0] * len(nets), [[1.0]])
+    assert not any(int(r["in_h"]) == 65536 for r in fitted.rows)  # the large networks' transposes: no row
+    assert fitted.spec["overhead"]["working_set"]["slope"] == pytest.approx(0.03, abs=0.01)
+    layers, base = network(65536)
+    assert fitted.device().estimate(layers).latency_ms == pytest.approx(0.01 + sum(base) * slow(layers), rel=0.06)
 
 
 def test_some_context_networks_are_tiny():

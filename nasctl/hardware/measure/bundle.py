@@ -99,7 +99,7 @@ def write_bundle(folder: Path, kernels: int = 5000, seed: int = 0, chunk: int = 
 
     from ... import __version__
     from .context import OPSET
-    from .profile import SEEDING, chunk_seeds, context_networks, reference_networks
+    from .profile import chunk_seeds, context_networks, reference_networks, seeding_for
 
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
@@ -122,7 +122,7 @@ def write_bundle(folder: Path, kernels: int = 5000, seed: int = 0, chunk: int = 
             on_progress(done + 1, len(todo), f"{len(todo)} networks")
     shutil.copyfile(runner.__file__, folder / RUNNER_FILE)
     doc = {"format": BUNDLE_FORMAT, "nasctl": __version__, "onnxruntime": ort.__version__, "opset": OPSET,
-           "kernels": kernels, "seed": seed, "seeding": SEEDING,
+           "kernels": kernels, "seed": seed, "seeding": seeding_for(kernels),
            "chunk": chunk, "long_kernel_ms": LONG_KERNEL_MS, "runner": RUNNER_FILE,
            "runner_sha256": runner.sha256_of(folder / RUNNER_FILE),
            "networks": entries[:len(networks)], "references": entries[len(networks):],

@@ -45,22 +45,50 @@ def reference_networks(n: int = 3) -> list:
 
 
 # How a profile's context networks are drawn (recorded in its `measurement:` section): each
-# from a seed of its own, [seed, index], so that any one of them can be built again alone.
-SEEDING = "per network"
+# from a seed of its own, [seed, index], so that any one of them can be built again alone;
+# in a profile of LARGE_FROM kernels or more, every LARGE_EVERY-th a large one.
+SEEDING_PLAIN, SEEDING_LARGE = "per network", "per network, large every 10th"
+LARGE_EVERY, LARGE_FROM = 10, 5000
+LARGE_MACS = (1e8, 1e9)
+LARGE_PREFIX = "large "  # a large network's description starts so
 
 
-def context_network(seed: int, index: int):
-    """The context network `index` of the profile of `seed` (an onnx model and a description)."""
-    return random_network(np.random.default_rng([seed, index]))
+def seeding_for(kernels: int) -> str:
+    """How the context networks of a profile of `kernels` kernels are drawn: with large
+    networks (`is_large`) from LARGE_FROM kernels on (a quick profile stays quick)."""
+    return SEEDING_LARGE if kernels >= LARGE_FROM else SEEDING_PLAIN
+
+
+def is_large(index: int, seeding: str) -> bool:
+    """Whether context network `index` is a large one: of published models' size (0.1-1
+    GMAC, tens of MB of weights and activations), whose kernels run slower than the same
+    kernels in a small network (their tensors have left the caches by the time they run
+    again).  Without them the working-set slope (`lut.WorkingSet`) is fitted on small
+    networks alone and prices published models low."""
+    return seeding == SEEDING_LARGE and index % LARGE_EVERY == LARGE_EVERY - 1
+
+
+def context_network(seed: int, index: int, seeding: str = SEEDING_LARGE):
+    """The context network `index` of the profile of `seed` drawn by `seeding` (an onnx
+    model and a description)."""
+    rng = np.random.default_rng([seed, index])
+    if is_large(index, seeding):
+        model, description = random_network(rng, max_macs=LARGE_MACS[1], min_macs=LARGE_MACS[0])
+        return model, f"{LARGE_PREFIX}{description}"
+    return random_network(rng)
 
 
 def context_networks(kernels: int, seed: int = 0) -> list:
-    """Random context networks (onnx models with descriptions) until they hold `kernels`
-    kernels: the same for the same seed, in `hw profile` and in `hw bundle`."""
+    """Random context networks (onnx models with descriptions) until the small ones hold
+    `kernels` kernels, with large ones among them (`seeding_for`, `is_large`; their kernels
+    not counted): the same for the same seed, in `hw profile` and in `hw bundle`."""
+    seeding = seeding_for(kernels)
     networks, count = [], 0
     while count < kernels:
-        networks.append(context_network(seed, len(networks)))
-        count += len({m.group(1) for n in networks[-1][0].graph.node if (m := TAG.search(n.name))})
+        index = len(networks)
+        networks.append(context_network(seed, index, seeding))
+        if not is_large(index, seeding):
+            count += len({m.group(1) for n in networks[-1][0].graph.node if (m := TAG.search(n.name))})
     return networks
 
 
@@ -131,7 +159,7 @@ def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: i
             measured += [measured_network(networks[i][1], ls, t) for i, ls, t in zip(chunks[k][1], layers[k], times)]
             chunk_of += [k] * len(times)
             ref_ms.append([t.latency_ms for t in ref_times])
-    measurement = {**protocol.describe(), "seed": seed, "seeding": SEEDING, "references": references,
+    measurement = {**protocol.describe(), "seed": seed, "seeding": seeding_for(kernels), "references": references,
                    "machine": machine(), "measuring_seconds": round(time.perf_counter() - start, 1)}
     if on_progress is not None:
         on_progress(total, total, "fitting the regressors")
@@ -163,7 +191,7 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
     measurement = {**measurement, "chunk_slowdown_corrected": [round(float(f), 4) for f in slower],
                    "reference_ms": [round(float(v), 5) for v in np.median(ref, axis=0)] if ref.size else []}
     measurement.pop("speed_references", None)
-    if measurement.get("seeding") == SEEDING and "seed" in measurement:  # networks that can be built again
+    if measurement.get("seeding") in (SEEDING_PLAIN, SEEDING_LARGE) and "seed" in measurement:  # networks that can be built again
         picked = speed_references(measured)
         measurement["speed_references"] = {
             "networks": picked, "descriptions": [measured[i].description for i in picked],
@@ -173,6 +201,12 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
     costs, norm = in_context_costs(measured)
     rows = []
     for i, (m, ts) in enumerate(zip(measured, costs)):
+        if m.description.startswith(LARGE_PREFIX):
+            # A large network's kernels ran slower than the same kernels in a small model
+            # (most of all the memory-bound ones: a classifier's weights read from memory,
+            # not the caches) and stay out of the table; the network's end-to-end time
+            # fits the working-set slope and the offsets (`kernel_offsets`).
+            continue
         # A network's energy goes to its kernels by their share of its time.
         shares = ts / ts.sum() if m.energy_mj is not None else [None] * len(ts)
         rows += [{**row_from_layer(layer, ms, None if share is None else max(m.energy_mj * share, FLOOR_MS)),
@@ -328,12 +362,12 @@ def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int =
         return list(measurement(dev).get("reference_ms", []))
 
     def speed(dev) -> list:
-        """The device's speed references: ((seed, index), description, layers' digest, ms) each."""
+        """The device's speed references: ((seed, index, seeding), description, layers' digest, ms) each."""
         m = measurement(dev)
         s = m.get("speed_references") or {}
-        if m.get("seeding") != SEEDING or "seed" not in m:
+        if m.get("seeding") not in (SEEDING_PLAIN, SEEDING_LARGE) or "seed" not in m:
             return []
-        return [((int(m["seed"]), int(i)), d, str(digest), float(ms))
+        return [((int(m["seed"]), int(i), str(m["seeding"])), d, str(digest), float(ms))
                 for i, d, digest, ms in zip(s.get("networks", []), s.get("descriptions", []), s.get("layers", []),
                                             s.get("ms", []))]
 
