@@ -91,8 +91,9 @@ def profile(
     Builds random networks of the blocks real models are made of, profiles every kernel
     inside them and times them end to end (interleaved rounds, minimum; the median of
     --sessions sessions), then fits the per-kernel regressors and the per-model overhead.
-    About fifteen minutes with the defaults on two cores (three sessions take about 40%
-    longer than one)."""
+    From 5,000 kernels on, every tenth network is a large one (0.1-1 GMAC), timed to fit
+    how much slower kernels run in models of that size.  About fifteen to twenty-five
+    minutes with the defaults on two cores (three sessions take about 40% longer than one)."""
     from ..hardware.fit import write_device
     from ..hardware.measure.profile import profile_machine
     from ..hardware.measure.timing import Protocol
