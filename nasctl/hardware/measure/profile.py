@@ -48,6 +48,7 @@ def reference_networks(n: int = 3) -> list:
 # from a seed of its own, [seed, index], so that any one of them can be built again alone;
 # in a profile of LARGE_FROM kernels or more, every LARGE_EVERY-th a large one.
 SEEDING_PLAIN, SEEDING_LARGE = "per network", "per network, large every 10th"
+SEEDINGS = (SEEDING_PLAIN, SEEDING_LARGE)  # profiles whose context networks can be built again
 LARGE_EVERY, LARGE_FROM = 10, 5000
 LARGE_MACS = (1e8, 1e9)
 LARGE_PREFIX = "large "  # a large network's description starts so
@@ -191,7 +192,7 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
     measurement = {**measurement, "chunk_slowdown_corrected": [round(float(f), 4) for f in slower],
                    "reference_ms": [round(float(v), 5) for v in np.median(ref, axis=0)] if ref.size else []}
     measurement.pop("speed_references", None)
-    if measurement.get("seeding") in (SEEDING_PLAIN, SEEDING_LARGE) and "seed" in measurement:  # networks that can be built again
+    if measurement.get("seeding") in SEEDINGS and "seed" in measurement:  # networks that can be built again
         picked = speed_references(measured)
         measurement["speed_references"] = {
             "networks": picked, "descriptions": [measured[i].description for i in picked],
@@ -365,7 +366,7 @@ def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int =
         """The device's speed references: ((seed, index, seeding), description, layers' digest, ms) each."""
         m = measurement(dev)
         s = m.get("speed_references") or {}
-        if m.get("seeding") not in (SEEDING_PLAIN, SEEDING_LARGE) or "seed" not in m:
+        if m.get("seeding") not in SEEDINGS or "seed" not in m:
             return []
         return [((int(m["seed"]), int(i), str(m["seeding"])), d, str(digest), float(ms))
                 for i, d, digest, ms in zip(s.get("networks", []), s.get("descriptions", []), s.get("layers", []),
