@@ -413,33 +413,46 @@ def test_tiny_context_networks_cover_small_inputs_and_transformers(tmp_path, see
     assert result.layers[0].in_hw[0] in TINY_SIZES
 
 
-def test_the_profile_fits_how_kernels_slow_down_in_large_working_sets():
-    # Networks of the same convs, some beside a large tensor (a transpose writing 4-64 MB):
-    # every kernel runs 3% slower per e-fold of the network's working set (its weights and
-    # activations) than in the median network.  A table fitted to their in-context times
-    # prices the convs at their median, so a small network high and a large one low; the
-    # fitted slope puts that right.
+def _working_set_networks(seed: int, tokens: list, large_from: float = np.inf):
+    """Measured networks of the same six convs, some beside a transpose of `tokens` rows (4
+    MB a thousand): every kernel runs 3% slower per e-fold of the network's working set
+    (its weights and activations) than in the median network.  Networks of `large_from`
+    rows or more are described as large context networks.  (network(rows) -> its layers
+    and times in the median network, the measured networks, the slowdown of a layer list.)"""
     from nasctl.hardware.lut import working_set_bytes
     from nasctl.hardware.measure.attribution import MeasuredNetwork
-    from nasctl.hardware.measure.profile import fit_profile
+    from nasctl.hardware.measure.profile import LARGE_PREFIX
 
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     shapes = [(int(rng.choice([16, 24, 32])), int(rng.choice([8, 16]))) for _ in range(6)]
 
-    def network(tokens):
+    def network(rows):
         layers = [LayerSpec("conv", c, c, (hw, hw), (hw, hw), (3, 3), name=f"k{j}:conv")
                   for j, (c, hw) in enumerate(shapes)]
         base = [2e-3 + layer.macs * 1e-8 for layer in layers]
-        if tokens:
-            layers.append(LayerSpec("data", 1024, 1024, (tokens, 1), (tokens, 1), fn="transpose", name="k9:t"))
+        if rows:
+            layers.append(LayerSpec("data", 1024, 1024, (rows, 1), (rows, 1), fn="transpose", name="k9:t"))
             base.append(1e-4)
         return layers, base
 
-    raw = [network(int(rng.choice([0, 0, 1024, 4096, 16384]))) for _ in range(48)]
+    drawn = [int(t) for t in tokens]
+    raw = [network(t) for t in drawn]
     ref = float(np.median([working_set_bytes(layers) for layers, _ in raw]))
     slow = lambda layers: 1 + 0.03 * np.log(working_set_bytes(layers) / ref)  # noqa: E731
-    nets = [MeasuredNetwork(f"net {i}", layers, [b * slow(layers) for b in base], [1.0] * len(base),
-                            0.01 + sum(base) * slow(layers)) for i, (layers, base) in enumerate(raw)]
+    nets = [MeasuredNetwork(f"{LARGE_PREFIX * (t >= large_from)}net {i}", layers, [b * slow(layers) for b in base],
+                            [1.0] * len(base), 0.01 + sum(base) * slow(layers))
+            for i, (t, (layers, base)) in enumerate(zip(drawn, raw))]
+    return network, nets, slow
+
+
+def test_the_profile_fits_how_kernels_slow_down_in_large_working_sets():
+    # Networks of the same convs, some beside a large tensor (a transpose writing 4-64 MB).
+    # A table fitted to their in-context times prices the convs at their median, so a small
+    # network high and a large one low; the fitted slope puts that right.
+    from nasctl.hardware.measure.profile import fit_profile
+
+    rng = np.random.default_rng(1)
+    network, nets, slow = _working_set_networks(1, list(rng.choice([0, 0, 1024, 4096, 16384], 48)))
     fitted = fit_profile("cpu-local", nets, {}, [0] * len(nets), [[1.0]])
     assert fitted.spec["overhead"]["working_set"]["slope"] == pytest.approx(0.03, abs=0.01)
     device, without = fitted.device(), fitted.device()
@@ -456,26 +469,11 @@ def test_large_context_networks_fit_the_slope_but_stay_out_of_the_table():
     # A large network's kernels ran slower than in a small model (its tensors left the
     # caches): its kernels must not price a small model's, but its end-to-end time is what
     # tells the working-set slope.
-    from nasctl.hardware.lut import working_set_bytes
-    from nasctl.hardware.measure.attribution import MeasuredNetwork
     from nasctl.hardware.measure.profile import LARGE_PREFIX, fit_profile
 
     rng = np.random.default_rng(2)
-    shapes = [(int(rng.choice([16, 24, 32])), int(rng.choice([8, 16]))) for _ in range(6)]
-
-    def network(tokens):
-        layers = [LayerSpec("conv", c, c, (hw, hw), (hw, hw), (3, 3), name=f"k{j}:conv")
-                  for j, (c, hw) in enumerate(shapes)]
-        if tokens:
-            layers.append(LayerSpec("data", 1024, 1024, (tokens, 1), (tokens, 1), fn="transpose", name="k9:t"))
-        return layers, [2e-3 + layer.macs * 1e-8 if layer.op == "conv" else 1e-4 for layer in layers]
-
-    raw = [network(int(rng.choice([0, 0, 1024, 4096]))) for _ in range(40)] + [network(65536) for _ in range(8)]
-    ref = float(np.median([working_set_bytes(layers) for layers, _ in raw]))
-    slow = lambda layers: 1 + 0.03 * np.log(working_set_bytes(layers) / ref)  # noqa: E731
-    nets = [MeasuredNetwork(f"{LARGE_PREFIX * (len(layers) > 6 and layers[-1].in_hw[0] == 65536)}net {i}", layers,
-                            [b * slow(layers) for b in base], [1.0] * len(base), 0.01 + sum(base) * slow(layers))
-            for i, (layers, base) in enumerate(raw)]
+    tokens = list(rng.choice([0, 0, 1024, 4096], 40)) + [65536] * 8
+    network, nets, slow = _working_set_networks(2, tokens, large_from=65536)
     assert sum(n.description.startswith(LARGE_PREFIX) for n in nets) == 8
     fitted = fit_profile("cpu-local", nets, {}, [0] * len(nets), [[1.0]])
     assert not any(int(r["in_h"]) == 65536 for r in fitted.rows)  # the large networks' transposes: no row
