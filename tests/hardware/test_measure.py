@@ -435,7 +435,7 @@ def _working_set_networks(seed: int, tokens: list, large_from: float = np.inf):
             base.append(1e-4)
         return layers, base
 
-    drawn = [int(t) for t in tokens]
+    drawn = [int(t) for t in tokens]  # numpy integers to ints
     raw = [network(t) for t in drawn]
     ref = float(np.median([working_set_bytes(layers) for layers, _ in raw]))
     slow = lambda layers: 1 + 0.03 * np.log(working_set_bytes(layers) / ref)  # noqa: E731

@@ -469,9 +469,9 @@ def random_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: fl
     """A random context network (an onnx.ModelProto) and a short description of it, of
     `min_macs` to `max_macs` multiply-accumulates (a tiny one below `min_macs` 1e6 only)."""
     family = _pick(rng, ("cnn", "cnn", "cnn", "cnn", "int8", "int8", "transformer", "unet", "tiny"))
-    if family == "tiny" and min_macs <= 1e6:
-        return _tiny_net(rng, min(max_macs, 2e6))
     if family == "tiny":
+        if min_macs <= 1e6:
+            return _tiny_net(rng, min(max_macs, 2e6))
         family = "cnn"
     budget = float(np.exp(rng.uniform(np.log(min_macs), np.log(max_macs))))
     size = _pick(rng, SIZES)

@@ -69,7 +69,7 @@ def is_large(index: int, seeding: str) -> bool:
     return seeding == SEEDING_LARGE and index % LARGE_EVERY == LARGE_EVERY - 1
 
 
-def context_network(seed: int, index: int, seeding: str = SEEDING_LARGE):
+def context_network(seed: int, index: int, seeding: str):
     """The context network `index` of the profile of `seed` drawn by `seeding` (an onnx
     model and a description)."""
     rng = np.random.default_rng([seed, index])
