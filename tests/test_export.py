@@ -83,7 +83,7 @@ def test_every_front_trial_exports_and_runs_as_it_was_evaluated(run, tmp_path):
         want = space.to_layers(arch, (1, 8, 8), 10)
         got = import_onnx(out / "model.onnx").layers
         fields = lambda l: (l.op, l.in_ch, l.out_ch, l.in_hw, l.out_hw, l.kernel, l.stride, l.groups,  # noqa: E731
-                            l.w_bits, l.a_bits, l.segment, l.role)
+                            l.w_bits, l.a_bits, l.segment, l.role, l.fn if l.op == "add" else "")
         assert [fields(l) for l in got] == [fields(l) for l in want]
 
 

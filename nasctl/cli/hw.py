@@ -121,7 +121,7 @@ def profile(
     f"--lut FILE: a per-kernel table, one row per measured kernel, with the columns {', '.join(LUT_COLUMNS)} "
     f"and optionally {DEQUANTIZED_COLUMN} and {ENERGY_COLUMN}. They mirror LayerSpec: op is its op kind; a token "
     "sequence of length T is T x 1; groups == in_ch for a depthwise conv; fn is the fused activation, pooling "
-    f"mode or norm kind (may be empty); {DEQUANTIZED_COLUMN} is 1 for a quantized kernel that ran as dequantize, "
+    f"mode or norm kind, or sum for an add that is a conv's residual sum (may be empty); {DEQUANTIZED_COLUMN} is 1 for a quantized kernel that ran as dequantize, "
     "float op, quantize; latency_ms and energy_mj are the kernel's measured cost.\n\n"
     "--models FILE: end-to-end latencies, a CSV with latency_ms and either arch (an architecture of --space as "
     "JSON, or an NB201 string for nb201) or onnx (a model path, relative to the CSV). Per-kernel costs are "

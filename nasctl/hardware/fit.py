@@ -13,7 +13,9 @@ measured kernel and the columns (they mirror `LayerSpec`):
   stride, groups     stride; groups (== in_ch for a depthwise conv)
   w_bits, a_bits     weight and activation bit widths (32 for float)
   fn                 the fused activation (relu, clip, hardswish, ...), pooling mode (max,
-                     avg), norm kind (batch, layer) or data op (transpose, ...); may be empty
+                     avg), norm kind (batch, layer), data op (transpose, ...), or sum for an
+                     add that is a conv's residual sum (accumulated into the conv's output);
+                     may be empty
   latency_ms         measured latency of the kernel, > 0
   dequantized        optional, 0 or 1 (default 0): a quantized kernel that ran as
                      dequantize -> float op -> quantize (an onnxruntime QDQ group it could

@@ -18,12 +18,17 @@ from math import prod
 #             products, e.g. heads), each M x in_ch (the reduced dimension) x out_ch;
 #             no weights.
 #   pool      pooling, `fn` "max" or "avg" (global when out_hw == (1, 1)).
-#   add, mul  element-wise binary ops on tensors of the output shape.
+#   add, mul  element-wise binary ops on tensors of the output shape.  An add with fn
+#             "sum" (`SUM`) is a residual sum of a conv's output (a float conv without an
+#             activation, whose output nothing else reads) and a tensor of its shape: what
+#             runtimes accumulate into the conv's output buffer instead of running an add
+#             (onnxruntime's blocked-layout and fused convs, with the activation after it).
 #   act       a stand-alone activation, `fn` names it (relu, sigmoid, gelu, ...).
 #   softmax, norm (layer/instance normalisation), resize, concat, split
 #   data      data movement only: reshape, transpose, flatten, squeeze, ...
 MAC_OPS = frozenset({"conv", "conv_transpose", "linear", "matmul"})
 OPS = MAC_OPS | {"pool", "add", "mul", "act", "softmax", "norm", "resize", "concat", "split", "data"}
+SUM = "sum"  # the fn of an add that is a conv's residual sum (see above)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,12 @@ documented in `nasctl.hardware.fit` and `nasctl hw fit --help`.
 
 Pricing a layer: a row with the layer's exact shape (`LayerSpec.shape_key`) gives its
 cost as stored; any other layer is priced by a regressor fitted (the first time the device
-needs it) to the rows of its kernel type (the op; convs split into dense, grouped and depthwise; quantized
+needs it) to the rows of its kernel type (the op; convs split into dense, grouped and depthwise; adds
+into a conv's residual sums - `fn` sum, accumulated into the conv's output - and the others; quantized
 kernels apart from float ones, and those that run dequantized apart again - priced as
 fused ones where the table has none, or only kernels of less than an eighth of the
-layer's work, and then as float kernels, likewise) on log-scale features - MACs, elements
+layer's work, and then as float kernels, likewise; grouped convs as dense ones and residual
+sums as adds where the table has none of them) on log-scale features - MACs, elements
 read and written, weights, channels, positions, kernel area, stride, groups, bit widths, channel
 alignment to vector blocks and the activation.  Predictions are of log latency, so
 prices are always positive.  The spec names each type's regressor (`regressors:`,
@@ -32,7 +34,7 @@ table's SHA-256, with the table's rows as read and checked, which load faster th
 CSV), and a device whose table changed since refits them (and reads the CSV).
 
 Every priced layer also pays `overhead.per_layer_ms` and its kernel group's
-`overhead.per_kernel_ms` (the op, convs split into dense, grouped and depthwise: what a kernel's
+`overhead.per_kernel_ms` (its kernel type whatever the bit widths: what a kernel's
 in-context time leaves out or holds of its neighbours', fitted by `hw profile` to the
 context networks' end-to-end times), and the first layer of a list carries
 `overhead.per_model_ms`, the fixed cost of one inference run; these are fitted from
@@ -62,7 +64,7 @@ from pydantic import BaseModel, ConfigDict, NonNegativeFloat, PositiveFloat
 from .. import specs, trees, workspace
 from ..errors import ConfigError, UsageError
 from .base import CostModel, CostReport, LayerCost
-from .layers import OPS, LayerSpec
+from .layers import OPS, SUM, LayerSpec
 
 LUT_COLUMNS = ("op", "in_ch", "out_ch", "in_h", "in_w", "out_h", "out_w", "kernel_h", "kernel_w", "stride",
                "groups", "w_bits", "a_bits", "fn", "latency_ms")
@@ -220,32 +222,48 @@ def write_lut(path: Path, rows: Sequence[dict]) -> None:
 
 def kernel_type(layer: LayerSpec) -> str:
     """What a regressor is fitted per: the op, convs split into dense, grouped and
-    depthwise, and the bit widths where they are not float32 (quantized kernels are other
+    depthwise, residual sums a conv accumulates (`add` with fn `sum`) apart from other
+    adds, and the bit widths where they are not float32 (quantized kernels are other
     kernels, and those that run dequantized others again)."""
-    return _type_of(layer.op, layer.groups, layer.in_ch, layer.w_bits, layer.a_bits, layer.dequantized)
+    return _type_of(layer.op, layer.groups, layer.in_ch, layer.w_bits, layer.a_bits, layer.dequantized, layer.fn)
 
 
 def kernel_group(layer: LayerSpec) -> str:
-    """What a per-kernel offset (`overhead.per_kernel_ms`) is fitted per: the op, convs
-    split into dense, grouped and depthwise, whatever the bit widths."""
-    return _type_of(layer.op, layer.groups, layer.in_ch, 32, 32, False)
+    """What a per-kernel offset (`overhead.per_kernel_ms`) is fitted per: the kernel type
+    (`kernel_type`), whatever the bit widths."""
+    return _type_of(layer.op, layer.groups, layer.in_ch, 32, 32, False, layer.fn)
 
 
-def _type_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequantized: bool) -> str:
+def _type_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequantized: bool, fn: str = "") -> str:
     # A grouped conv (1 < groups < channels: ResNeXt, RegNet) is a kernel of its own: a
     # runtime's blocked-layout conv takes it only where each group holds whole vector
     # blocks, else it runs group by group (onnxruntime: 3x the time per MAC of a dense conv
-    # for groups of 8 channels on AVX-512).
-    name = op if op != "conv" or groups == 1 else "conv_dw" if groups == in_ch else "conv_g"
+    # for groups of 8 channels on AVX-512).  A residual sum that the conv before it
+    # accumulates into its output (onnxruntime runs no node of its own for it) is another
+    # kernel than a stand-alone add: measured in context it costs next to nothing.
+    if op == "conv" and groups != 1:
+        name = "conv_dw" if groups == in_ch else "conv_g"
+    elif op == "add" and fn == SUM:
+        name = "add_sum"
+    else:
+        name = op
     if (w_bits, a_bits) == (32, 32):
         return name
     return f"{name}_w{w_bits}a{a_bits}" + ("_dq" if dequantized else "")
 
 
-def _dense_type(ktype: str) -> str:
-    """The dense conv's kernel type for a grouped conv's (`conv_g...` -> `conv...`): what a
-    table without grouped convs prices them from."""
-    return "conv" + ktype[len("conv_g"):] if ktype.startswith("conv_g") else ktype
+# Kernel types a table without rows of their own prices from another's: grouped convs from
+# dense ones, residual sums from stand-alone adds (tables made before the two were told apart).
+_FALLBACK_TYPES = (("conv_g", "conv"), ("add_sum", "add"))
+
+
+def _fallback_type(ktype: str) -> str:
+    """The kernel type a table without rows of `ktype` prices it from (`conv_g...` ->
+    `conv...`, `add_sum...` -> `add...`); `ktype` itself where there is none."""
+    for special, general in _FALLBACK_TYPES:
+        if ktype.startswith(special):
+            return general + ktype[len(special):]
+    return ktype
 
 
 # Activations runtimes do not fuse into a conv or linear kernel: an extra pass over the output.
@@ -513,7 +531,8 @@ def _without_grouped_split(data: dict) -> dict:
         return {**data, "types": {k: v for k, v in data.get("types", {}).items() if not k.startswith("conv")}}
     c = merged["columns"]
     dq = c.get(DEQUANTIZED_COLUMN) or [0] * len(c["op"])
-    types = [_type_of(*row) for row in zip(c["op"], c["groups"], c["in_ch"], c["w_bits"], c["a_bits"], map(bool, dq))]
+    types = [_type_of(*row) for row in zip(c["op"], c["groups"], c["in_ch"], c["w_bits"], c["a_bits"], map(bool, dq),
+                                           c["fn"])]
     changed = {old for old, new in zip(merged["types"], types) if old != new}
     largest = {k: v for k, v in (data.get("largest") or {}).items() if k not in changed}
     return {**data, "types": {k: v for k, v in data.get("types", {}).items() if k not in changed},
@@ -607,7 +626,7 @@ class LutDevice(CostModel):
             exact[key] = tuple(float(statistics.median(r[t] for r in same)) for t in self.targets)
             row = same[0]
             ktype = _type_of(row["op"], row["groups"], row["in_ch"], row["w_bits"], row["a_bits"],
-                             bool(row.get(DEQUANTIZED_COLUMN, 0)))
+                             bool(row.get(DEQUANTIZED_COLUMN, 0)), row["fn"])
             by_type.setdefault(ktype, []).append({**row, **dict(zip(self.targets, exact[key]))})
         return exact, by_type
 
@@ -716,7 +735,7 @@ class LutDevice(CostModel):
             # A grouped conv of a table without grouped ones is priced from its dense convs.
             variants = [layer, replace(layer, dequantized=False), replace(layer, w_bits=32, a_bits=32, dequantized=False)]
             candidates = [(c, kernel_type(c)) for c in variants]
-            candidates += [(c, _dense_type(t)) for c, t in candidates if _dense_type(t) != t]
+            candidates += [(c, _fallback_type(t)) for c, t in candidates if _fallback_type(t) != t]
             known = [(c, t) for c, t in candidates if t in self._rows]
             if not known:
                 self._cache[key] = None
@@ -741,7 +760,7 @@ class LutDevice(CostModel):
     def _cost(self, values: tuple[float, ...], how: str, layer: LayerSpec) -> LayerCost:
         overhead = self.spec.overhead
         group = kernel_group(layer)
-        offset = overhead.per_kernel_ms.get(group, overhead.per_kernel_ms.get(_dense_type(group), 0.0))
+        offset = overhead.per_kernel_ms.get(group, overhead.per_kernel_ms.get(_fallback_type(group), 0.0))
         # a negative offset takes a kernel down to the least in-context cost at most
         least = min(values[0], KERNEL_FLOOR_MS) if offset else 0.0
         return LayerCost(max(values[0] + overhead.per_layer_ms + offset, least),

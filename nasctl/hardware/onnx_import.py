@@ -64,7 +64,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..errors import UsageError
-from .layers import LayerSpec, chw
+from .layers import SUM, LayerSpec, chw
 
 Shape = tuple[int, ...]
 
@@ -202,6 +202,34 @@ class Graph:
         readers = self.consumers.get(y, ())
         return len(readers) == 1 and readers[0].op_type == "MatMul" and y not in self.outputs and \
             not any(self.is_const(n) for n in readers[0].inputs)
+
+    def residual_sum(self, node: Node) -> bool:
+        """Whether an Add is a conv's residual sum (`layers.SUM`): two float tensors of its
+        output's shape, one written by a conv without an activation that nothing else reads
+        (`_fusable_layer`) - or by a batch norm standing alone, which onnxruntime runs as a
+        1x1 depthwise conv in its blocked layout - the other by a node of the model
+        (onnxruntime accumulates such an add into its blocked-layout conv only where the
+        other operand is in that layout too, never a model input)."""
+        data = [n for n in node.inputs if n]
+        if len(data) != 2 or any(self.is_const(n) or n not in self.producer or self.bits(n) != 32 for n in data):
+            return False
+        try:
+            if not all(self.shape(n) == self.shape(node.outputs[0]) for n in data):
+                return False
+        except UnknownShape:
+            return False
+        return any(self._accumulates(n) for n in data)
+
+    def _accumulates(self, name: str) -> bool:
+        """Whether the layer writing tensor `name` can accumulate a residual into it (see
+        `residual_sum`)."""
+        i = self._fusable_layer(name)
+        if i is not None:
+            layer = self.layers[i]
+            return layer.op == "conv" and (layer.w_bits, layer.a_bits) == (32, 32)  # not an integer conv
+        i = self.layer_of.get(name)
+        return i is not None and (self.layers[i].op, self.layers[i].fn, self.layers[i].a_bits) == \
+            ("norm", "batch", 32) and len(self.consumers.get(name, ())) == 1 and name not in self.outputs
 
     def _fusable_layer(self, name: str) -> Optional[int]:
         """The conv/linear layer whose output reaches only the asking node (through ops
@@ -366,7 +394,8 @@ def _binary(op: str, fn: str = "", bias: bool = False, scale: bool = False) -> H
             return []
         if scale and g.scales_product(node, x):
             return []
-        return [g.layer(op, node, x, node.outputs[0], x_shape=node.outputs[0], fn=fn)]
+        kind = SUM if node.op_type == "Add" and g.residual_sum(node) else fn
+        return [g.layer(op, node, x, node.outputs[0], x_shape=node.outputs[0], fn=kind)]
     return handle
 
 

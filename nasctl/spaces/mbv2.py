@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ..errors import ConfigError
-from ..hardware.layers import LayerSpec
+from ..hardware.layers import SUM, LayerSpec
 from .base import Arch, SearchSpace, Variable, machine_memory
 from .spec_parts import BitKnobs, Choice, ExitKnobs
 from .spec_parts import Strict as _Strict
@@ -410,8 +410,10 @@ def _block_layers(block: dict, cin: int, h: int, w: int, classes: int, segment: 
         conv(hid, hid, block["kernel"], block["stride"], hid, name=f"{prefix}.dw")
         conv(hid, block["out"], 1, 1, 1, name=f"{prefix}.project")
         if block["stride"] == 1 and block["in"] == block["out"]:
+            # the projection has no activation: a float one accumulates the residual (SUM)
             layers.append(LayerSpec("add", block["out"], block["out"], (h, w), (h, w), (1, 1), 1, 1,
-                                    bits, bits, segment, "backbone", name=f"{prefix}.add"))
+                                    bits, bits, segment, "backbone", fn=SUM if bits == 32 else "",
+                                    name=f"{prefix}.add"))
     elif kind == "exit":
         saved = h, w
         classifier(block["width"], "exit", f"exit_{block['name']}")

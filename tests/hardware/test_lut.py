@@ -341,6 +341,25 @@ def test_grouped_convs_are_a_kernel_type_of_their_own_priced_from_dense_convs_wh
     assert both.estimate([plain]).latency_ms == pytest.approx(dense_only.estimate([plain]).latency_ms)
 
 
+def test_residual_sums_are_priced_apart_from_stand_alone_adds_and_as_adds_where_the_table_has_none(rows):
+    """A conv's residual sum costs next to nothing in context (the conv accumulates it): its
+    own rows price it, and the stand-alone adds keep theirs; a table without sums prices
+    them as adds."""
+    from nasctl.hardware.lut import kernel_group, kernel_type
+
+    add = LayerSpec("add", 32, 32, (12, 12), (12, 12))
+    summed = LayerSpec("add", 32, 32, (12, 12), (12, 12), fn="sum")
+    assert kernel_type(summed) == kernel_group(summed) == "add_sum" and kernel_type(add) == "add"
+    assert kernel_type(LayerSpec("add", 32, 32, (12, 12), (12, 12), w_bits=8, a_bits=8, fn="sum")) == "add_sum_w8a8"
+    adds_only = device(rows, overhead={"per_kernel_ms": {"add": 0.002}})
+    assert adds_only.estimate([summed]).latency_ms == pytest.approx(adds_only.estimate([add]).latency_ms)
+    sums = [row_from_layer(LayerSpec("add", 32, 32, (hw, hw), (hw, hw), fn="sum"), 1e-4) for hw in (8, 16, 32)]
+    both = device(rows + sums, overhead={"per_kernel_ms": {"add": 0.002, "add_sum": 0.0}})
+    assert both.estimate([summed]).latency_ms == pytest.approx(1e-4, rel=0.3)
+    assert both.estimate([add]).latency_ms == pytest.approx(adds_only.estimate([add]).latency_ms)
+    assert both.estimate([add]).latency_ms > 10 * both.estimate([summed]).latency_ms
+
+
 def test_regressors_saved_before_grouped_convs_had_a_type_are_read_with_the_types_taken_again(tmp_path, rows):
     import json
 

@@ -528,3 +528,32 @@ def test_kernel_offsets_give_each_layer_what_its_profile_left_out():
     assert priced == pytest.approx(new.latency_ms, rel=0.10)
     assert without < 0.85 * new.latency_ms
 
+
+
+def test_a_refit_reads_the_context_networks_layers_again_as_the_importer_labels_them_now(tmp_path):
+    """A profile measured before the importer told residual sums apart fits again with them
+    told apart, from the same times; a network that no longer builds as it was measured
+    keeps the layers it was measured with."""
+    from dataclasses import replace
+
+    from nasctl.hardware.measure.attribution import MeasuredNetwork
+    from nasctl.hardware.measure.profile import SEEDING_PLAIN, context_network, layers_digest, read_again
+    from nasctl.hardware.onnx_import import import_onnx
+
+    measured, now = [], []
+    for index in range(10):  # a profile's networks, in order: the 9th holds a residual sum
+        model, description = context_network(0, index, SEEDING_PLAIN)
+        path = tmp_path / "n.onnx"
+        path.write_bytes(model.SerializeToString())
+        now.append(import_onnx(path).layers)
+        then = [replace(l, fn="") if l.fn == "sum" else l for l in now[-1]]  # as read before
+        measured.append(MeasuredNetwork(description, then, [0.01] * len(then), [1.0] * len(then), 1.0))
+    assert [i for i, layers in enumerate(now) if any(l.fn == "sum" for l in layers)] == [8]
+    again = read_again(measured, {"seed": 0, "seeding": SEEDING_PLAIN})
+    assert [m.layers for m in again] == now and [m.layers for m in measured] != now
+    assert [m.layer_ms for m in again] == [m.layer_ms for m in measured]
+    assert layers_digest(again[8].layers) == layers_digest(measured[8].layers)  # the same network to speed references
+    old = measured[8].layers
+    # networks that do not build again as measured (another seed's) keep their layers
+    assert read_again(measured, {"seed": 1, "seeding": SEEDING_PLAIN})[8].layers == old
+    assert read_again(measured, {"seed": 0})[8].layers == old  # a profile whose networks cannot be built again

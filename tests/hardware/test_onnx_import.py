@@ -231,6 +231,59 @@ def test_activation_is_not_fused_when_the_conv_output_is_used_elsewhere(tmp_path
     assert [(l.op, l.fn) for l in layers] == [("conv", ""), ("act", "relu"), ("add", "")]
 
 
+def _residual_block(conv_act: str, other: str, also_read: bool = False, relu_after: bool = False):
+    """x -> 1x1 conv + relu -> p; 3x3 conv of p (+ relu, or + relu and a batch norm) -> c;
+    Add(c, other) (+ relu)."""
+    nodes = [node("Conv", ["x", "w0"], ["p0"]), node("Relu", ["p0"], ["p"]),
+             node("Conv", ["p", "w1", "b1"], ["c0"], pads=[1, 1, 1, 1])]
+    if conv_act == "relu, bn":
+        nodes += [node("Relu", ["c0"], ["c1"]), _bn("bn", "c1", "c", 32)[0]]
+    else:
+        nodes.append(node("Relu", ["c0"], ["c"]) if conv_act else node("Identity", ["c0"], ["c"]))
+    nodes.append(node("Add", ["c", other], ["s"]))
+    outputs = ["s"]
+    if relu_after:
+        nodes.append(node("Relu", ["s"], ["y"]))
+        outputs = ["y"]
+    if also_read:
+        nodes.append(node("Sigmoid", ["c"], ["g"]))
+        outputs.append("g")
+    inits = [weight("w0", 32, 32, 1, 1), weight("w1", 32, 32, 3, 3), weight("b1", 32), weight("bias", 32, 1, 1),
+             *(_bn("bn", "c1", "c", 32)[1] if conv_act == "relu, bn" else [])]
+    return nodes, outputs, inits
+
+
+@pytest.mark.parametrize("conv_act, other, also_read, relu_after, fn", [
+    ("", "p", False, False, "sum"),          # a residual block's projection: accumulated into the conv
+    ("", "p", False, True, "sum"),           # ... with the activation after the sum (fused too)
+    ("relu, bn", "p", False, False, "sum"),  # a batch norm after the activation: run as a conv
+    ("relu", "p", False, False, ""),         # the conv has an activation: the add runs after it
+    ("", "x", False, False, ""),             # the other operand is the model's input, not in the conv's layout
+    ("", "p", True, False, ""),              # the conv's output is read elsewhere too
+    ("", "bias", False, False, ""),          # a broadcast constant: a bias, not a residual
+])
+def test_a_residual_sum_is_told_apart_as_onnxruntime_fuses_it(tmp_path, conv_act, other, also_read, relu_after,
+                                                              fn):
+    """An Add onnxruntime accumulates into the conv before it (no node of its own in the
+    graph it runs) is an add with fn "sum"; any other stays a stand-alone add."""
+    import onnxruntime as ort
+
+    nodes, outputs, inits = _residual_block(conv_act, other, also_read, relu_after)
+    path = save(tmp_path / "m.onnx", nodes, {"x": [1, 32, 8, 8]}, outputs, inits)
+    adds = [l for l in import_onnx(path).layers if l.op == "add"]
+    if other == "bias":
+        assert adds == []  # folded into the conv as its bias
+        return
+    assert [l.fn for l in adds] == [fn]
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    ran = {n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node}
+    assert ("Add" in ran) == (fn != "sum"), ran
+
+
 def test_element_wise_math_is_a_stand_alone_activation(tmp_path):
     nodes = [node("Conv", ["x", "w"], ["c"]), node("PRelu", ["c", "slope"], ["p"]), node("Exp", ["p"], ["e"]),
              node("Pow", ["e", "two"], ["y"])]
