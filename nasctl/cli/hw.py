@@ -84,6 +84,9 @@ def profile(
     sessions: Annotated[int, typer.Option(min=1, help="Sessions each context network is timed end to end in; "
                                                       "its time is the median one's.")] = 3,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the random context networks.")] = 0,
+    refit: Annotated[bool, typer.Option("--refit", help=(
+        "Measure nothing: fit the device again from the context networks its profile saved beside its table "
+        "(measurements.json), read as this version of nasctl reads them."))] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ):
     """Measure this machine's onnxruntime CPU kernels in context and write a `kind: lut` device.
@@ -93,22 +96,39 @@ def profile(
     --sessions sessions), then fits the per-kernel regressors and the per-model overhead.
     From 5,000 kernels on, every tenth network is a large one (0.1-1 GMAC), timed to fit
     how much slower kernels run in models of that size.  About fifteen to twenty-five
-    minutes with the defaults on two cores (three sessions take about 40% longer than one)."""
+    minutes with the defaults on two cores (three sessions take about 40% longer than one).
+    --refit fits a profiled device again without measuring (minutes), e.g. after an
+    upgrade that tells more kernels apart."""
     from ..hardware.fit import write_device
-    from ..hardware.measure.profile import profile_machine
+    from ..hardware.measure.profile import profile_machine, refit_profile
     from ..hardware.measure.timing import Protocol
 
     folder = workspace.new_entry("hardware", device, "device")
-    protocol = Protocol(threads=threads, rounds=5 if quick else rounds, repeats=2 if quick else 3, sessions=sessions)
-    with _Bar("profiling") as bar:
-        fitted = profile_machine(device, protocol, kernels=150 if quick else kernels, seed=seed, on_progress=bar.update)
+    if refit:
+        if not (folder / "spec.yaml").is_file():
+            raise UsageError(f"no device '{device}' in {folder.parent} to fit again: profile it first "
+                             f"(`nasctl hw profile --device {device}`)")
+        with _Bar("fitting") as bar:
+            bar.update(0, 1, "fitting")
+            fitted = refit_profile(device, folder)
+            bar.update(1, 1, "fitting")
+    else:
+        protocol = Protocol(threads=threads, rounds=5 if quick else rounds, repeats=2 if quick else 3,
+                            sessions=sessions)
+        with _Bar("profiling") as bar:
+            fitted = profile_machine(device, protocol, kernels=150 if quick else kernels, seed=seed,
+                                     on_progress=bar.update)
     spec_path = write_device(folder, fitted)
     doc = {"device": device, "spec": str(spec_path), "kernels": len(fitted.rows), **fitted.report}
     if as_json:
         return print_json(doc)
     r = fitted.report
-    out.print(f"Profiled {r['networks']} context networks ({r['layers']} kernels, {len(fitted.rows)} distinct) in "
-              f"{r['seconds']:.0f} s with {threads} thread(s).")
+    if refit:
+        out.print(f"Fitted again from {r['networks']} measured context networks ({r['layers']} kernels, "
+                  f"{len(fitted.rows)} distinct) in {r['fitting_seconds']:.0f} s.")
+    else:
+        out.print(f"Profiled {r['networks']} context networks ({r['layers']} kernels, {len(fitted.rows)} distinct) "
+                  f"in {r['seconds']:.0f} s with {threads} thread(s).")
     out.print(f"The device reproduces those networks' end-to-end times with an RMS error of "
               f"{r['networks_rms_error_pct']:.1f}% ({r['networks_within_10pct'] * 100:.0f}% within ±10%); "
               f"check it on your own models with `nasctl hw validate --device {device} MODEL.onnx ...`.")
@@ -121,8 +141,9 @@ def profile(
     f"--lut FILE: a per-kernel table, one row per measured kernel, with the columns {', '.join(LUT_COLUMNS)} "
     f"and optionally {DEQUANTIZED_COLUMN} and {ENERGY_COLUMN}. They mirror LayerSpec: op is its op kind; a token "
     "sequence of length T is T x 1; groups == in_ch for a depthwise conv; fn is the fused activation, pooling "
-    f"mode or norm kind, or sum for an add that is a conv's residual sum (may be empty); {DEQUANTIZED_COLUMN} is 1 for a quantized kernel that ran as dequantize, "
-    "float op, quantize; latency_ms and energy_mj are the kernel's measured cost.\n\n"
+    "mode or norm kind, or sum for an add that is a conv's residual sum (may be empty); "
+    f"{DEQUANTIZED_COLUMN} is 1 for a quantized kernel that ran as dequantize, float op, quantize; latency_ms "
+    "and energy_mj are the kernel's measured cost.\n\n"
     "--models FILE: end-to-end latencies, a CSV with latency_ms and either arch (an architecture of --space as "
     "JSON, or an NB201 string for nb201) or onnx (a model path, relative to the CSV). Per-kernel costs are "
     "solved by non-negative least squares over the kernels each model contains, plus a per-model overhead.\n\n"

@@ -118,10 +118,22 @@ def test_quick_profile_writes_the_local_device(ws, tmp_path):
     speed = spec["measurement"]["speed_references"]["networks"]
     by = f"{len(speed)} of the profile's context networks" if speed else "3 reference networks"
     assert "The machine runs at" in validated.stdout and by in " ".join(validated.stdout.split())
+    # fitted again from the networks the profile saved, measuring nothing: the same device
+    table = (ws / "hardware" / "cpu-local" / "lut.csv").read_text()
+    again = invoke("--workspace", ws, "hw", "profile", "--refit", "--json")
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["kernels"] == doc["kernels"]
+    assert (ws / "hardware" / "cpu-local" / "lut.csv").read_text() == table
 
 
 def test_profile_without_a_workspace_is_one_line():
     one_line_error(invoke("hw", "profile", "--kernels", 20), 2, "no workspace")
+
+
+def test_refitting_a_device_never_profiled_is_one_line(ws):
+    one_line_error(invoke("--workspace", ws, "hw", "profile", "--device", "board", "--refit"), 2,
+                   "no device 'board'")
+    assert not (ws / "hardware" / "board").exists()
 
 
 def test_predicting_on_a_fitted_device_loads_its_saved_regressors(ws, tmp_path):
