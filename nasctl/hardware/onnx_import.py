@@ -207,18 +207,23 @@ class Graph:
         """Whether an Add is a conv's residual sum (`layers.SUM`): two float tensors of its
         output's shape, one written by a conv without an activation that nothing else reads
         (`_fusable_layer`) - or by a batch norm standing alone, which onnxruntime runs as a
-        1x1 depthwise conv in its blocked layout - the other by a node of the model
-        (onnxruntime accumulates such an add into its blocked-layout conv only where the
-        other operand is in that layout too, never a model input)."""
+        1x1 depthwise conv in its blocked layout - the other one it can hold in that layout
+        too (`_blocked`).  onnxruntime accumulates such an add into the conv, and runs it as
+        an add where the other operand would have to be reordered (a model input, a
+        broadcast product such as a squeeze-excite scale, a transpose).  It decides by the
+        machine's vector width too (a concat of channels that are not whole vector blocks
+        stays in the plain layout), which the graph does not tell: on the profile's context
+        networks the label agrees with whether onnxruntime ran a node for the add for 90%
+        of the float adds, and no add it ran without a node is labelled stand-alone."""
         data = [n for n in node.inputs if n]
-        if len(data) != 2 or any(self.is_const(n) or n not in self.producer or self.bits(n) != 32 for n in data):
+        if len(data) != 2 or any(self.is_const(n) or self.bits(n) != 32 for n in data):
             return False
         try:
             if not all(self.shape(n) == self.shape(node.outputs[0]) for n in data):
                 return False
         except UnknownShape:
             return False
-        return any(self._accumulates(n) for n in data)
+        return any(self._accumulates(a) and self._blocked(b) for a, b in (data, data[::-1]))
 
     def _accumulates(self, name: str) -> bool:
         """Whether the layer writing tensor `name` can accumulate a residual into it (see
@@ -230,6 +235,28 @@ class Graph:
         i = self.layer_of.get(name)
         return i is not None and (self.layers[i].op, self.layers[i].fn, self.layers[i].a_bits) == \
             ("norm", "batch", 32) and len(self.consumers.get(name, ())) == 1 and name not in self.outputs
+
+    def _blocked(self, name: str) -> bool:
+        """Whether onnxruntime can hold tensor `name` in its blocked channel layout, as far
+        as the graph tells without the machine's vector width: not a model input, nor
+        written by a product broadcasting one operand over the other (a squeeze-excite
+        scale), a data-movement op or a token op (linear, attention, softmax, layer norm)."""
+        i = self.layer_of.get(name)
+        p = self.producer.get(name)
+        if p is None:
+            return False
+        if i is None:
+            return p.op_type in _SEE_THROUGH and bool(p.inputs) and self._blocked(p.inputs[0])
+        layer = self.layers[i]
+        if layer.op in ("data", "linear", "matmul", "softmax", "split") or (layer.op, layer.fn) == ("norm", "layer"):
+            return False
+        if layer.op == "mul":
+            data = [x for x in p.inputs if x and not self.is_const(x)]
+            try:
+                return len({self.shape(x) for x in data}) == 1
+            except UnknownShape:
+                return False
+        return True
 
     def _fusable_layer(self, name: str) -> Optional[int]:
         """The conv/linear layer whose output reaches only the asking node (through ops

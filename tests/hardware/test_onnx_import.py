@@ -240,6 +240,9 @@ def _residual_block(conv_act: str, other: str, also_read: bool = False, relu_aft
         nodes += [node("Relu", ["c0"], ["c1"]), _bn("bn", "c1", "c", 32)[0]]
     else:
         nodes.append(node("Relu", ["c0"], ["c"]) if conv_act else node("Identity", ["c0"], ["c"]))
+    if other == "se":  # the block input scaled by a squeeze-excite gate: a broadcast product
+        nodes += [node("GlobalAveragePool", ["p"], ["g0"]), node("Conv", ["g0", "wse"], ["g1"]),
+                  node("Sigmoid", ["g1"], ["g2"]), node("Mul", ["p", "g2"], ["se"])]
     nodes.append(node("Add", ["c", other], ["s"]))
     outputs = ["s"]
     if relu_after:
@@ -249,6 +252,7 @@ def _residual_block(conv_act: str, other: str, also_read: bool = False, relu_aft
         nodes.append(node("Sigmoid", ["c"], ["g"]))
         outputs.append("g")
     inits = [weight("w0", 32, 32, 1, 1), weight("w1", 32, 32, 3, 3), weight("b1", 32), weight("bias", 32, 1, 1),
+             weight("wse", 32, 32, 1, 1),
              *(_bn("bn", "c1", "c", 32)[1] if conv_act == "relu, bn" else [])]
     return nodes, outputs, inits
 
@@ -259,6 +263,7 @@ def _residual_block(conv_act: str, other: str, also_read: bool = False, relu_aft
     ("relu, bn", "p", False, False, "sum"),  # a batch norm after the activation: run as a conv
     ("relu", "p", False, False, ""),         # the conv has an activation: the add runs after it
     ("", "x", False, False, ""),             # the other operand is the model's input, not in the conv's layout
+    ("", "se", False, False, ""),            # ... or a broadcast product (a squeeze-excite scale)
     ("", "p", True, False, ""),              # the conv's output is read elsewhere too
     ("", "bias", False, False, ""),          # a broadcast constant: a bias, not a residual
 ])
