@@ -20,9 +20,10 @@ from math import prod
 #   pool      pooling, `fn` "max" or "avg" (global when out_hw == (1, 1)).
 #   add, mul  element-wise binary ops on tensors of the output shape.  An add with fn
 #             "sum" (`SUM`) is a residual sum of a conv's output (a float conv without an
-#             activation, whose output nothing else reads) and a tensor of its shape: what
-#             runtimes accumulate into the conv's output buffer instead of running an add
-#             (onnxruntime's blocked-layout and fused convs, with the activation after it).
+#             activation, whose output nothing else reads) and a tensor of its shape in
+#             the conv's layout: what runtimes accumulate into the conv's output buffer
+#             instead of running an add (onnxruntime's blocked-layout and fused convs, with
+#             the activation after it; `onnx_import.Graph.residual_sum`).
 #   act       a stand-alone activation, `fn` names it (relu, sigmoid, gelu, ...).
 #   softmax, norm (layer/instance normalisation), resize, concat, split
 #   data      data movement only: reshape, transpose, flatten, squeeze, ...
