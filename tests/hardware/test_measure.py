@@ -529,7 +529,6 @@ def test_kernel_offsets_give_each_layer_what_its_profile_left_out():
     assert without < 0.85 * new.latency_ms
 
 
-
 def test_a_refit_reads_the_context_networks_layers_again_as_the_importer_labels_them_now(tmp_path):
     """A profile measured before the importer told residual sums apart fits again with them
     told apart, from the same times; a network that no longer builds as it was measured

@@ -76,3 +76,26 @@ def test_forward_backward_trains_every_exit(space):
     outputs = model(torch.randn(4, 1, 8, 8))
     sum(o.sum() for o in outputs).backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_a_float_networks_residual_adds_are_the_sums_the_importer_reads(space, tmp_path):
+    """A float block's projection accumulates its residual (fn "sum") in `to_layers` exactly
+    where the ONNX importer reads one from the network's export; quantized blocks keep
+    stand-alone adds."""
+    from nasctl.hardware.onnx_import import import_onnx
+
+    sums = []
+    for arch in _archs(space):
+        if arch["backbone_bits"] != 32:
+            continue
+        arch = {**arch, "exit_bits": 32}
+        want = [(l.op, l.fn) for l in space.to_layers(arch, (1, 8, 8), 10) if l.op == "add"]
+        path = tmp_path / "m.onnx"
+        torch.onnx.export(space.build(arch, (1, 8, 8), 10).eval(), (torch.zeros(1, 1, 8, 8),), str(path),
+                          dynamo=False, opset_version=17, do_constant_folding=True)
+        got = [(l.op, l.fn) for l in import_onnx(path).layers if l.op == "add"]
+        assert got == want
+        sums += [fn for _, fn in want]
+    assert sums and set(sums) == {"sum"}
+    quantized = {**_archs(space)[2]}
+    assert {l.fn for l in space.to_layers(quantized, (1, 8, 8), 10) if l.op == "add"} <= {""}
