@@ -8,6 +8,12 @@ model's error and the figures: the share of models within ±10% and ±5% of thei
 measured latency, and the RMS percentage error.
 
     python benchmarks/cpu_local.py [--workspace DIR] [--reprofile | --refit] [--kernels N] [--rounds N] [--json FILE]
+    python benchmarks/cpu_local.py [--workspace DIR] --rows-against OTHER
+
+--rows-against compares the kernel table with OTHER's (a workspace whose `cpu-local` measured
+the same context networks again: `--workspace OTHER --reprofile`, same --kernels): for the
+kernels both hold, by kernel size, how far one measurement of a kernel's in-context time is
+from the other's.
 
 DIR defaults to runs/cpu-local-bench (git-ignored) beside this checkout's data.
 """
@@ -81,6 +87,35 @@ def print_load_adjusted(what: str, adjusted: dict | None) -> None:
               f"worst {adjusted['worst_pct']:+.1f}%, median {adjusted['median_pct']:+.1f}%")
 
 
+SIZE_BUCKETS_US = (0, 1, 2, 5, 20, 100, float("inf"))
+
+
+def row_repeatability(table: Path, other: Path) -> list[dict]:
+    """The kernels both tables hold, grouped by their time (the geometric mean of the two,
+    in the buckets of SIZE_BUCKETS_US): per bucket the kernel count, the median
+    |other / table - 1|, the shares within ±10% and within a factor of 2, and the median
+    ratio."""
+    from nasctl.hardware.lut import layer_from_row, read_lut
+
+    def times(path: Path) -> dict:
+        return {layer_from_row(r).shape_key(): float(r["latency_ms"]) * 1e3 for r in read_lut(path)}
+
+    a, b = times(table), times(other)
+    both = [k for k in a if k in b]
+    size = np.array([np.sqrt(a[k] * b[k]) for k in both])
+    ratio = np.array([b[k] / a[k] for k in both])
+    out = []
+    for lo, hi in zip(SIZE_BUCKETS_US, SIZE_BUCKETS_US[1:]):
+        r = ratio[(size >= lo) & (size < hi)]
+        if r.size:
+            out.append({"from_us": lo, "to_us": hi, "kernels": int(r.size),
+                        "median_abs_change": float(np.median(np.abs(r - 1))),
+                        "within_10pct": float(np.mean(np.abs(r - 1) <= 0.10)),
+                        "within_2x": float(np.mean(np.abs(np.log(r)) <= np.log(2))),
+                        "median_ratio": float(np.median(r))})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workspace", type=Path, default=DEFAULT_WORKSPACE, help="workspace holding hardware/cpu-local/")
@@ -89,7 +124,21 @@ def main() -> None:
     ap.add_argument("--kernels", type=int, default=15000, help="kernels to profile (nasctl hw profile --kernels)")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
     ap.add_argument("--json", type=Path, help="also write the full result as JSON here")
+    ap.add_argument("--rows-against", type=Path, metavar="OTHER",
+                    help="compare the kernel table with OTHER's cpu-local (the same context networks measured "
+                         "again) by kernel size, and stop")
     args = ap.parse_args()
+
+    if args.rows_against is not None:
+        table = lambda ws: ws / "hardware" / "cpu-local" / "lut.csv"  # noqa: E731
+        rows = row_repeatability(table(args.workspace), table(args.rows_against))
+        print(f"{'kernel time':<16}{'kernels':>8}{'median change':>15}{'within ±10%':>13}{'within 2x':>11}{'median ratio':>14}")
+        for r in rows:
+            print(f"{r['from_us']:g}-{r['to_us']:g} µs".ljust(16) + f"{r['kernels']:>8}{r['median_abs_change']:>14.1%}"
+                  f"{r['within_10pct']:>13.0%}{r['within_2x']:>11.0%}{r['median_ratio']:>14.3f}")
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2), encoding="utf-8")
+        return
 
     device = ensure_device(args.workspace, args.reprofile, args.kernels, args.rounds, args.refit)
 
