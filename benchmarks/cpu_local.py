@@ -130,8 +130,12 @@ def main() -> None:
     args = ap.parse_args()
 
     if args.rows_against is not None:
-        table = lambda ws: ws / "hardware" / "cpu-local" / "lut.csv"  # noqa: E731
-        rows = row_repeatability(table(args.workspace), table(args.rows_against))
+        tables = [ws / "hardware" / "cpu-local" / "lut.csv" for ws in (args.workspace, args.rows_against)]
+        missing = [str(t) for t in tables if not t.is_file()]
+        if missing:
+            raise SystemExit(f"no kernel table {' or '.join(missing)}: profile the workspace first "
+                             f"(python benchmarks/cpu_local.py --workspace DIR)")
+        rows = row_repeatability(*tables)
         print(f"{'kernel time':<16}{'kernels':>8}{'median change':>15}{'within ±10%':>13}{'within 2x':>11}{'median ratio':>14}")
         for r in rows:
             print(f"{r['from_us']:g}-{r['to_us']:g} µs".ljust(16) + f"{r['kernels']:>8}{r['median_abs_change']:>14.1%}"
