@@ -13,6 +13,20 @@ def root() -> Path:
     return ROOT
 
 
+@pytest.fixture
+def bench_module():
+    """benchmarks/NAME.py as a module: `bench_module("eenn")`."""
+    import importlib.util
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"{name}_benchmark", ROOT / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
 @pytest.fixture(autouse=True)
 def _isolated_workspace(monkeypatch, tmp_path):
     """Run every test from an empty folder, so runs/ and workspace look-ups stay in tmp_path

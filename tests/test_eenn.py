@@ -86,22 +86,10 @@ def test_preset_search_records_exit_metrics_and_a_pinned_static_baseline(tmp_pat
         assert float(r["exit_rate_final"]) == 1.0
 
 
-def _benchmark():
-    """benchmarks/eenn.py as a module."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "eenn.py"
-    spec = importlib.util.spec_from_file_location("eenn_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_benchmark_also_searches_the_early_exit_network_with_every_bit_width_at_int8():
+def test_benchmark_also_searches_the_early_exit_network_with_every_bit_width_at_int8(bench_module):
     from nasctl.spaces.loader import load_space
 
-    bench = _benchmark()
+    bench = bench_module("eenn")
     searches = bench.plan({"space": "ee-mbv2", "seed": 0}, load_space("ee-mbv2"))
     assert list(searches) == ["eenn", "eenn-int8", "static-int8", "static-fp32"]
     assert "pin" not in searches["eenn"]
@@ -111,7 +99,7 @@ def test_benchmark_also_searches_the_early_exit_network_with_every_bit_width_at_
     assert static["backbone_bits"] == 8 and static["exit_s1"] == static["exit_s2"] == 0
 
 
-def test_benchmark_reports_the_exits_saving_apart_from_the_bits_saving():
+def test_benchmark_reports_the_exits_saving_apart_from_the_bits_saving(bench_module):
     from types import SimpleNamespace
 
     def row(trial, accuracy, edp, backbone_bits, exit_bits=8, s1=0.0):
@@ -127,7 +115,7 @@ def test_benchmark_reports_the_exits_saving_apart_from_the_bits_saving():
             "eenn-int8": run(row(0, 98.6, 3.0, 8, 8, 0.5)),        # exits alone
             "static-int8": run(row(0, 99.0, 10.0, 8), row(1, 98.5, 5.0, 8)),
             "static-fp32": run(row(0, 99.0, 100.0, 32))}
-    result = _benchmark().summarize(done)
+    result = bench_module("eenn").summarize(done)
     # the chosen eenn point (98.4%) against the lowest-EDP static int8 network at least as accurate (98.5%, EDP 5)
     assert result["edp"] == 1.0 and result["edp_reduction_vs_static_int8"] == pytest.approx(0.8)
     # the int8 early-exit point (98.6%) against the static int8 network at least as accurate (99.0%, EDP 10)

@@ -1,26 +1,15 @@
 """benchmarks/cpu_local.py --rows-against: a kernel table's rows against the same kernels measured again."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from nasctl.hardware.layers import LayerSpec
 from nasctl.hardware.lut import row_from_layer, write_lut
 
 
-def _benchmark():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "cpu_local.py"
-    spec = importlib.util.spec_from_file_location("cpu_local_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _linear(cin: int) -> LayerSpec:
     return LayerSpec("linear", cin, 16, (4, 1), (4, 1), (1, 1), 1, 1, 32, 32)
 
 
-def test_rows_are_compared_kernel_by_kernel_in_buckets_of_their_time(tmp_path):
+def test_rows_are_compared_kernel_by_kernel_in_buckets_of_their_time(tmp_path, bench_module):
     # (kernel, time in the table, time measured again), ms
     kernels = [(_linear(8), 0.0005, 0.0005 * 3.0),   # a sub-µs kernel 3x dearer the second time
                (_linear(16), 0.0006, 0.0006 * 1.05),
@@ -30,7 +19,7 @@ def test_rows_are_compared_kernel_by_kernel_in_buckets_of_their_time(tmp_path):
     # the other table lacks one kernel and holds one the first does not: neither is compared
     write_lut(tmp_path / "b.csv", [row_from_layer(k, b) for k, _, b in kernels[:-1]]
               + [row_from_layer(_linear(40), 0.001)])
-    rows = _benchmark().row_repeatability(tmp_path / "a.csv", tmp_path / "b.csv")
+    rows = bench_module("cpu_local").row_repeatability(tmp_path / "a.csv", tmp_path / "b.csv")
     assert [(r["from_us"], r["kernels"]) for r in rows] == [(0, 2), (20, 1)]
     small, large = rows
     assert small["within_10pct"] == 0.5 and small["within_2x"] == 0.5
