@@ -88,6 +88,9 @@ def main() -> None:
     source = args.workspace / "hardware" / "cpu-local"
     if not (source / "lut.csv").is_file():
         raise SystemExit(f"no kernel table {source / 'lut.csv'}: profile the workspace first")
+    missing = [str(p) for p in args.models if not p.is_file()]
+    if missing:
+        raise SystemExit(f"no such model: {', '.join(missing)}")
     kernels: dict[tuple, LayerSpec] = {}
     for path in args.models:
         for layer in import_onnx(path).layers:
