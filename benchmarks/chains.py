@@ -7,8 +7,8 @@ or one microsecond high, by where the machine's per-node cost falls that hour
 without the profiler: a tiny token network (8x8 input, patches to 4 or 16 tokens) with the
 kernel chained CHAIN times, end to end by `hw validate`'s protocol; the slope over the chain
 lengths is the kernel's cost.  A linear that changes the width is chained with its way back
-(half the pair's slope each); an add is chained as a tensor added to itself.  Kernels: the token-layout linears (with their activation),
-layer norms and adds of the given ONNX models.
+(half the pair's slope each); an add is chained as a tensor added to itself.  Kernels: the
+token-layout linears (with their activation), layer norms and adds of the given ONNX models.
 
 It writes a copy of WORKSPACE's `cpu-local` into OUT with those kernels' rows in the table
 (each row the chained cost less its kernel group's offset, so the device prices the kernel
@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from nasctl.hardware.layers import LayerSpec
-from nasctl.hardware.lut import KERNEL_FLOOR_MS, REGRESSORS_FILE, kernel_group, layer_from_row, read_lut, row_from_layer, write_lut
+from nasctl.hardware.lut import (KERNEL_FLOOR_MS, REGRESSORS_FILE, kernel_group, layer_from_row, read_lut,
+                                 row_from_layer, write_lut)
 from nasctl.hardware.measure.context import NetBuilder
 from nasctl.hardware.measure.runner import Protocol, measure_models
 from nasctl.hardware.onnx_import import import_onnx

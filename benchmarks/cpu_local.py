@@ -136,7 +136,8 @@ def main() -> None:
             raise SystemExit(f"no kernel table {' or '.join(missing)}: profile the workspace first "
                              f"(python benchmarks/cpu_local.py --workspace DIR)")
         rows = row_repeatability(*tables)
-        print(f"{'kernel time':<16}{'kernels':>8}{'median change':>15}{'within ±10%':>13}{'within 2x':>11}{'median ratio':>14}")
+        print(f"{'kernel time':<16}{'kernels':>8}{'median change':>15}{'within ±10%':>13}{'within 2x':>11}"
+              f"{'median ratio':>14}")
         for r in rows:
             print(f"{r['from_us']:g}-{r['to_us']:g} µs".ljust(16) + f"{r['kernels']:>8}{r['median_abs_change']:>14.1%}"
                   f"{r['within_10pct']:>13.0%}{r['within_2x']:>11.0%}{r['median_ratio']:>14.3f}")
