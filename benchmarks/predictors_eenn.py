@@ -56,12 +56,12 @@ def candidates(space, n: int, seed: int) -> list[dict]:
     return out
 
 
-def train_one(arch: dict, epochs: int, data_seed: int, seed: int) -> dict:
+def train_one(arch: dict, epochs: int, data_seed: int, seed: int, space_name: str = SPACE) -> dict:
     """One candidate's trials row: proxy-trained on digits split by `data_seed`, with `seed`."""
     from nasctl.evaluation.datasets import load_dataset
     from nasctl.evaluation.train import TrainSettings, evaluate
 
-    space = load_space(SPACE)
+    space = load_space(space_name)
     t0 = time.perf_counter()
     res = evaluate(space, arch, load_dataset(DATASET, data_seed), TrainSettings(epochs=epochs, threads=1), seed=seed)
     active = space.active_exits(arch)
@@ -91,7 +91,7 @@ def measure(space, archs: list[dict], cache: Path, epochs: int, seed: int, jobs:
             if new:
                 w.writeheader()
             rows = pool.map(train_one, [a for _, a in todo], [epochs] * len(todo), [seed] * len(todo),
-                            [seed + offset + n for n, _ in todo])
+                            [seed + offset + n for n, _ in todo], [space.name] * len(todo))
             for i, row in enumerate(rows, 1):
                 w.writerow(row)
                 f.flush()

@@ -1,5 +1,6 @@
-"""Weight-sharing supernet on `ee-mbv2` with `digits`: speed of scoring a candidate, rank
-agreement with stand-alone training, and a 2,000-candidate search against the default one.
+"""Weight-sharing supernet on `ee-mbv2` (or `--space ee-vit`) with `digits`: speed of scoring
+a candidate, rank agreement with stand-alone training, and a 2,000-candidate search against
+the default one.
 
 1. The supernet: `nasctl supernet train` into WORKSPACE (`--epochs`, reused when it is
    there already; its card's training time counts below).
@@ -12,7 +13,8 @@ agreement with stand-alone training, and a 2,000-candidate search against the de
    `predictors_eenn.candidates`: "tune" (seed 1, 3 trainings each: what the recipe was
    tuned on) and "held" (seed 2, 10 trainings each: the held-out figure).  The labels are
    read from their caches (runs/supernet-bench/labels-*.csv, made with
-   `predictors_eenn.trainings`); a set whose caches are incomplete is skipped.
+   `predictors_eenn.trainings`; another space's: labels-SPACE-*.csv); a set whose caches
+   are incomplete is skipped, or trained first with `--train-labels`.
 4. With `--search`: `nasctl search --accuracy supernet:N --budget 2000` (`--strategy`,
    `--workers`, journal storage, no kept weights) timed, plus the supernet's training time, against a
    default search (`nasctl search`, seed 0; or `--default-json FILE`, its recorded wall
@@ -23,8 +25,8 @@ agreement with stand-alone training, and a 2,000-candidate search against the de
    more with another seed, and at a reference point of the fronts themselves
    (`--fronts-only`: the searches of an earlier run, their fronts retrained again).
 
-    python benchmarks/supernet.py [--workspace runs/supernet-bench/ws] [--name bench] [--epochs 10] \\
-        [--rounds 3] [--timing 8] [--sets tune,held] [--partial] [--search] [--budget 2000] [--strategy nsga2] [--workers 1] [--default-json FILE] [--fronts-only]
+    python benchmarks/supernet.py [--space ee-mbv2] [--workspace runs/supernet-bench/ws] [--name bench] \\
+        [--epochs 10] [--train-labels] [--rounds 3] [--timing 8] [--sets tune,held] [--partial] [--search] [--budget 2000] [--strategy nsga2] [--workers 1] [--default-json FILE] [--fronts-only]
 """
 
 from __future__ import annotations
@@ -67,9 +69,9 @@ def supernet(args):
     workspace.set_workspace(args.workspace)
     if not (args.workspace / store.FOLDER / args.name / store.CARD).is_file():
         print(f"training supernet '{args.name}' ({args.epochs} epochs) ...", flush=True)
-        nasctl("supernet", "train", "--space", pe.SPACE, "--epochs", args.epochs, "--name", args.name,
+        nasctl("supernet", "train", "--space", args.space, "--epochs", args.epochs, "--name", args.name,
                "--seed", 0, workspace=args.workspace)
-    space = load_space(pe.SPACE)
+    space = load_space(args.space)
     data = load_dataset(pe.DATASET, 0)
     net, card = store.load(args.name, space, data, split_seed=0)
     s = card["settings"]
@@ -147,8 +149,8 @@ def agreement(space, data, net, args) -> None:
         if label not in args.sets.split(","):
             continue
         archs = pe.candidates(space, 50, seed)
-        cache = LABELS / f"labels-{label}-e5.csv"
-        if complete(space, archs, cache, count):
+        cache = LABELS / (f"labels-{label}-e5.csv" if args.space == pe.SPACE else f"labels-{args.space}-{label}-e5.csv")
+        if complete(space, archs, cache, count) or args.train_labels:
             rows = pe.trainings(space, archs, cache, SimpleNamespace(epochs=5, seed=0, jobs=1), 0, count)
         elif args.partial:
             rows, count = partial(archs, cache, count)
@@ -191,7 +193,7 @@ def search(args, card) -> None:
 
                 shutil.rmtree(stale)
         big.mkdir(parents=True)
-        wall, _ = nasctl("search", "--space", pe.SPACE, "--accuracy", f"supernet:{args.name}", "--budget",
+        wall, _ = nasctl("search", "--space", args.space, "--accuracy", f"supernet:{args.name}", "--budget",
                          args.budget, "--strategy", args.strategy, "--keep-weights", "none", "--seed", 0,
                          "--storage", f"journal:{big / 'study.journal'}", "--run-dir", big / "run", "--workers",
                          args.workers, "--json", workspace=args.workspace)
@@ -199,7 +201,8 @@ def search(args, card) -> None:
             doc = json.loads(Path(args.default_json).read_text())
             default, default_wall = runs.load(doc["run_dir"]), float(doc["timings"]["total_s"])
         else:
-            default_wall, _ = nasctl("search", "--seed", 0, "--run-dir", out / "default", "--json")
+            default_wall, _ = nasctl("search", "--space", args.space, "--seed", 0, "--run-dir", out / "default",
+                                     "--json")
             default = runs.load(str(out / "default"))
         print(f"search of {args.budget} candidates with the supernet ({args.strategy}, {args.workers} worker"
               f"{'s' if args.workers > 1 else ''}): {wall:.0f} s + its training "
@@ -210,7 +213,7 @@ def search(args, card) -> None:
     # and bits) tie on the front: one of each tie is retrained
     front = list({tuple(row[o] for o in found.objectives): row
                   for row in pareto_front(found.feasible, found.objectives)}.values())
-    cfg = make_config(None, "setting", seed=0, keep_weights="none")  # the default search's settings
+    cfg = make_config(None, "setting", space=args.space, seed=0, keep_weights="none")  # as the default search
     evaluator = Evaluator(cfg)
     t0 = time.perf_counter()
     retrained = []
@@ -257,14 +260,17 @@ def search(args, card) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--space", default=pe.SPACE, help="an mbv2- or vit-kind space")
     ap.add_argument("--workspace", type=Path, default=LABELS / "ws")
-    ap.add_argument("--name", default="bench")
+    ap.add_argument("--name", help="the supernet's name (default: bench, or bench-SPACE for another space)")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timing", type=int, default=8, help="candidates timed both ways")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--skip-tau", action="store_true")
     ap.add_argument("--sets", default="tune,held", help="label sets to measure rank agreement on")
+    ap.add_argument("--train-labels", action="store_true",
+                    help="train the stand-alone labels a set lacks (one thread each) before comparing")
     ap.add_argument("--partial", action="store_true",
                     help="a label set whose trainings are unfinished: use the cache files that are complete")
     ap.add_argument("--search", action="store_true")
@@ -277,6 +283,7 @@ def main() -> None:
     ap.add_argument("--default-json", help="the `nasctl search --seed 0 --json` output of a default search run "
                                            "beforehand, instead of running one")
     args = ap.parse_args()
+    args.name = args.name or ("bench" if args.space == pe.SPACE else f"bench-{args.space}")
     import torch
 
     torch.set_num_threads(1)

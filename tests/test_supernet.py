@@ -1,6 +1,6 @@
-"""Weight-sharing supernets: sub-networks inherit exactly, a saved supernet scores the same
-in a fresh interpreter, one for another (or a changed) space is refused, and a search and
-an export run on inherited weights."""
+"""Weight-sharing supernets of mbv2 and vit spaces: sub-networks inherit exactly, a saved
+supernet scores the same in a fresh interpreter, one for another (or a changed) space is
+refused, and a search and an export run on inherited weights."""
 
 import json
 import shutil
@@ -25,6 +25,13 @@ TINY = {
     "exits": {"after_stages": [1], "width": [8, 16], "tolerance": [0.5, 2]},
     "quantization": {"backbone_bits": [32, 8, 4], "exit_bits": [32, 8, 4]},
 }
+TINY_VIT = {
+    "name": "tinyvit", "kind": "vit", "patch": [2, 4], "width": [8, 16], "heads": [1, 2],
+    "stem": {"channels": 4, "kernel": 3, "use": [0, 1]},
+    "groups": [{"depth": [1, 2], "mlp_ratio": [1, 2]}, {"depth": [1, 2], "mlp_ratio": [1, 2]}],
+    "exits": {"after_groups": [1], "width": [8, 16], "tolerance": [0.5, 2]},
+    "quantization": {"backbone_bits": [32, 8, 4], "attn_bits": [32, 8, 4], "exit_bits": [32, 8, 4]},
+}
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +48,7 @@ def _one_thread():
 
 def _workspace(folder: Path, spec: dict = TINY) -> Path:
     (folder / "search_spaces").mkdir(parents=True, exist_ok=True)
-    (folder / "search_spaces" / "tiny.yaml").write_text(yaml.safe_dump(spec), encoding="utf-8")
+    (folder / "search_spaces" / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec), encoding="utf-8")
     return folder
 
 
@@ -69,34 +76,41 @@ def trained(tmp_path_factory):
     return ws, data, json.loads(res.stdout)
 
 
-def _space():
+def _space(spec: dict = TINY):
     from nasctl.spaces.mbv2 import Mbv2Space
+    from nasctl.spaces.vit import VitSpace
 
-    return Mbv2Space.from_dict(TINY)
+    return {"mbv2": Mbv2Space, "vit": VitSpace}[spec["kind"]].from_dict(spec)
 
 
 def _archs(space, n=6):
-    """The smallest and largest, and sampled ones covering 4, 8 and 32 bits, exits on and off."""
+    """The smallest and largest, and sampled ones covering 4, 8 and 32 bits, exits on and
+    off, an mbv2 block expanded 1x, a vit with and without its stem at both patch sizes."""
     from nasctl.supernet.elastic import Supernet
 
     net = Supernet(space, (1, 8, 8), 10)
     rng = np.random.default_rng(1)
     out = [net.smallest(), net.largest()]
+    flag = f"exit_{space.exit_names()[0]}"
     for i in range(n):
         arch = space.sample(rng)
         arch["backbone_bits"], arch["exit_bits"] = [4, 8, 32][i % 3], [32, 4, 8][i % 3]
-        arch["exit_s1"] = i % 2
-        arch["s1_expand"] = 1 if i % 4 == 0 else arch["s1_expand"]
+        arch[flag] = i % 2
+        if "s1_expand" in arch:
+            arch["s1_expand"] = 1 if i % 4 == 0 else arch["s1_expand"]
+        if "patch" in arch:
+            arch["patch"], arch["conv_stem"] = [2, 4][i % 2], (i // 2) % 2
         out.append(arch)
     return out
 
 
-def test_an_extracted_subnet_computes_exactly_what_the_supernet_computes_for_it():
+@pytest.mark.parametrize("spec", [TINY, TINY_VIT], ids=["mbv2", "vit"])
+def test_an_extracted_subnet_computes_exactly_what_the_supernet_computes_for_it(spec):
     import torch
 
     from nasctl.supernet.elastic import Supernet
 
-    space = _space()
+    space = _space(spec)
     torch.manual_seed(0)
     net = Supernet(space, (1, 8, 8), 10)
     x = torch.rand(32, 1, 8, 8)
@@ -108,7 +122,8 @@ def test_an_extracted_subnet_computes_exactly_what_the_supernet_computes_for_it(
         sum(o.square().mean() for o in net(x, space.sample(rng))).backward()
         opt.step()
     archs = _archs(space)
-    assert {a["backbone_bits"] for a in archs} == {4, 8, 32} and {a["exit_s1"] for a in archs} == {0, 1}
+    flag = f"exit_{space.exit_names()[0]}"
+    assert {a["backbone_bits"] for a in archs} == {4, 8, 32} and {a[flag] for a in archs} == {0, 1}
     for mode in ("eval", "train"):
         for arch in archs:
             getattr(net, mode)()
@@ -120,7 +135,7 @@ def test_an_extracted_subnet_computes_exactly_what_the_supernet_computes_for_it(
             assert len(shared) == len(space.active_exits(arch))
             for a, b, c in zip(shared, alone, scratch):
                 assert torch.equal(a, b) and torch.equal(a, c), (mode, arch)
-    # the extracted module is the architecture's own network: its state_dict loads into build_mbv2
+    # the extracted module is the architecture's own network: its state_dict loads into the space's build
     arch = archs[3]
     plain = space.build(arch, (1, 8, 8), 10)
     plain.load_state_dict(net.extract(arch).state_dict())
@@ -224,7 +239,7 @@ def test_a_supernet_for_another_space_or_a_changed_space_is_refused_in_one_line(
     one_line_error(invoke("--workspace", changed, "search", "--space", "tiny", "--dataset", data,
                           "--accuracy", "supernet:sn", "--budget", 2), 2, "another version of space 'tiny'")
     one_line_error(invoke("--workspace", ws, "supernet", "train", "--space", "nb201", "--epochs", 1),
-                   2, "allowed: mbv2")
+                   2, "allowed: mbv2, vit")
 
 
 def test_a_search_scores_candidates_on_inherited_weights_and_exports_them(trained, tmp_path):
@@ -294,3 +309,39 @@ def test_local_workers_find_the_supernet_in_the_workspace(trained, tmp_path):
     doc = json.loads(res.stdout)
     assert doc["timings"]["trials"] >= 12 and doc["failed"] == 0
     assert not [n for n in doc["notes"] if "stopped early" in n], doc["notes"]
+
+
+def test_a_vit_supernet_trains_scores_candidates_in_a_search_and_reloads_identically(tmp_path):
+    """A vit space's supernet: trained by the CLI, a search scores candidates (with and
+    without stem, both patch sizes) on inherited weights, and the supernet reloaded from
+    its folder scores each the same; refused for an mbv2 space."""
+    from nasctl import workspace
+    from nasctl.evaluation.datasets import load_dataset
+    from nasctl.evaluation.train import TrainSettings
+    from nasctl.runs import load as load_run
+    from nasctl.supernet import store
+    from nasctl.supernet.score import calibration_inputs, score
+
+    ws = _workspace(_workspace(tmp_path / "ws", TINY_VIT), TINY)
+    data = _small_digits(ws / "digits.npz")
+    res = invoke("--workspace", ws, "supernet", "train", "--space", "tinyvit", "--dataset", data, "--epochs", 2,
+                 "--name", "vsn", "--warmup-epochs", 1, "--json")
+    assert res.exit_code == 0, res.output
+    card = json.loads(res.stdout)
+    assert card["space"] == "tinyvit" and (ws / "supernets" / "vsn" / "weights.pt").is_file()
+    run_dir = tmp_path / "run"
+    res = invoke("--workspace", ws, "search", "--space", "tinyvit", "--dataset", data, "--accuracy", "supernet:vsn",
+                 "--strategy", "random", "--budget", 8, "--run-dir", run_dir, "--keep-weights", "none", "--json")
+    assert res.exit_code == 0, res.output
+    rows = load_run(str(run_dir)).trials
+    archs = [json.loads(r["arch"]) for r in rows]
+    assert len(rows) == 8 and {a["patch"] for a in archs} == {2, 4} and {a["conv_stem"] for a in archs} == {0, 1}
+    workspace.set_workspace(ws)
+    d = load_dataset(str(data), 0)
+    net, _ = store.load("vsn", _space(TINY_VIT), d)
+    for row, arch in zip(rows, archs):
+        assert abs(sum(row[f"exit_rate_{e}"] for e in ("g1", "final")) - 1) < 1e-6
+        r, _ = score(net, arch, d, TrainSettings(threads=1), calibration_inputs(d, 0))
+        assert r.accuracy == pytest.approx(row["accuracy"], abs=1e-3)
+    one_line_error(invoke("--workspace", ws, "search", "--space", "tiny", "--dataset", data,
+                          "--accuracy", "supernet:vsn", "--budget", 2), 2, "trained for space 'tinyvit', not 'tiny'")

@@ -14,7 +14,7 @@ app = typer.Typer(no_args_is_help=True,
 
 @app.command("train")
 def train(
-    space: Annotated[str, typer.Option(help="Search space (kind mbv2) name or YAML path.", show_default=False)],
+    space: Annotated[str, typer.Option(help="Search space (kind mbv2 or vit) name or YAML path.", show_default=False)],
     dataset: Annotated[str, typer.Option(help="'digits', a CIFAR-10 python-batches folder or an .npz file.")]
     = "digits",
     epochs: Annotated[int, typer.Option(min=1, help="Training epochs (each step trains the largest, the smallest "
@@ -36,8 +36,9 @@ def train(
     force: Annotated[bool, typer.Option("--force", help="Replace a supernet saved under NAME.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the card as JSON.")] = False,
 ):
-    """Train a supernet of an mbv2-kind space: elastic depth, width, expansion and kernel, every
-    early exit and every searchable bit width; saved with a card and a checkpoint per epoch."""
+    """Train a supernet of an mbv2- or vit-kind space: elastic depth, width, expansion and kernel
+    (mbv2) or depth, width, heads, MLP ratio, patch size and stem (vit), every early exit and
+    every searchable bit width; saved with a card and a checkpoint per epoch."""
     from ..supernet import train_and_save
     from ..supernet.train import SupernetSettings
 

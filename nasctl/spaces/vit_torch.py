@@ -103,20 +103,25 @@ class VitNet(ExitNet):
 
 def build_vit(plan: list[dict], input_shape: tuple[int, int, int], classes: int) -> VitNet:
     """The module for `plan` (from `VitSpace.plan`) on inputs of shape (C, H, W)."""
-    ch, h, w = input_shape
+    ch = input_shape[0]
     blocks: list[nn.Module] = []
     for b in plan:
-        kind, bits = b["type"], b["bits"]
-        if kind == "stem":
-            blocks.append(Stem(ch, b["out"], b["kernel"], bits))
-            ch = b["out"]
-        elif kind == "embed":
-            p = b["patch"]
-            blocks.append(PatchEmbed(ch, b["out"], p, (h // p) * (w // p), bits, first=not blocks))
-        elif kind == "block":
-            blocks.append(Block(b["width"], b["heads"], b["hidden"], bits, b["attn_bits"]))
-        elif kind in ("exit", "head"):
-            blocks.append(Classifier(b["width"], b.get("hidden"), classes, bits))
-        else:
-            raise ValueError(f"unknown vit block type {kind!r}")
+        blocks.append(build_block(b, ch, input_shape, classes, first=not blocks))
+        ch = b["out"] if b["type"] == "stem" else ch
     return VitNet(blocks)
+
+
+def build_block(b: dict, ch: int, input_shape: tuple[int, int, int], classes: int, first: bool) -> nn.Module:
+    """The module of one plan block `b` reading `ch` channels of the image (a stem or a
+    patch embedding; `first`: it reads the network's input)."""
+    kind, bits = b["type"], b["bits"]
+    if kind == "stem":
+        return Stem(ch, b["out"], b["kernel"], bits)
+    if kind == "embed":
+        p, (_, h, w) = b["patch"], input_shape
+        return PatchEmbed(ch, b["out"], p, (h // p) * (w // p), bits, first=first)
+    if kind == "block":
+        return Block(b["width"], b["heads"], b["hidden"], bits, b["attn_bits"])
+    if kind in ("exit", "head"):
+        return Classifier(b["width"], b.get("hidden"), classes, bits)
+    raise ValueError(f"unknown vit block type {kind!r}")

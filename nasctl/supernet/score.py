@@ -34,7 +34,7 @@ def calibration_inputs(data, seed: int, samples: int = CALIBRATION_SAMPLES) -> t
 
 def score(net: Supernet, arch: dict, data, settings: TrainSettings, calibration: torch.Tensor, *,
           finetune_epochs: int = 0, seed: int = 0, extract: bool = False) -> tuple[EvalResult, torch.nn.Module]:
-    """(its figures, the measured network).  `extract`: the network is a fresh `build_mbv2`
+    """(its figures, the measured network).  `extract`: the network is a fresh `space.build`
     module of its own (to keep or export) rather than one assembled from reused blocks."""
     t0 = time.perf_counter()
     with _threads(settings.threads), torch.random.fork_rng(devices=[]):
