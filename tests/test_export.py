@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.cli.cli_helpers import SMALL_SPACE, invoke, one_line_error
+from tests.cli.cli_helpers import SMALL_SPACE, SMALL_VIT, invoke, one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,6 +26,17 @@ def run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("export") / "run"
     result = run_search(make_config(None, "setting", space=SMALL_SPACE, budget=6, epochs=4, seed=3, workers=1), folder)
     return result
+
+
+@pytest.fixture(scope="module")
+def vit_run(tmp_path_factory):
+    """A small vision-transformer search whose trials cover 32-, 8- and 4-bit backbones,
+    attention and exit heads, with and without the stem, at both patch sizes."""
+    from nasctl.config import make_config
+    from nasctl.engine import run_search
+
+    folder = tmp_path_factory.mktemp("export-vit") / "run"
+    return run_search(make_config(None, "setting", space=SMALL_VIT, budget=8, epochs=5, seed=6, workers=1), folder)
 
 
 def _export(run, trial, out, *extra):
@@ -239,3 +250,71 @@ def test_report_shows_exported_models_with_their_eval_figures(run, tmp_path):
     page = write_report(runs.load(run.run_dir), out_dir=tmp_path / "report").read_text()
     section = page.split("<h2>Exported models</h2>", 1)[1]
     assert str(tmp_path / "m") in section and f"{ev['accuracy']:.2f}" in section
+
+
+# Layers the trained network computes in float before its first activation quantizer (the
+# patch tokens and their position) or from float scores (the softmax, whose probabilities
+# are then quantized): the exported graph runs them in float as well, where the search
+# prices them at the block's bit width, as an integer accelerator would run them.
+FLOAT_IN_GRAPH = ("tokens", "position", "softmax")
+
+
+def test_a_vision_transformer_exports_and_runs_as_it_was_evaluated(vit_run, tmp_path):
+    """Every trial of a small ee-vit search exports. Run by onnxruntime without graph
+    optimizations, the graph gives every test input the class and the exit the trained
+    network gave it; with them (`nasctl eval`), accuracy and exit rates stay within 1 point
+    of the trial's where the attention has 8 or 32 bits.  (With 4-bit attention they moved
+    by up to 2.2 and 4.5 points: onnxruntime reorders float sums - a MatMul and its bias
+    become one Gemm - and 4-bit q, k, v and attention probabilities turn such last-bit
+    changes into other levels.)  A taken exit skips the rest, and the layers read back
+    from the graph are the space's (bit widths as trained)."""
+    import onnxruntime as ort
+
+    from nasctl.evaluation.datasets import load_dataset
+    from nasctl.hardware.onnx_import import import_onnx
+    from nasctl.spaces.loader import load_space
+
+    data = load_dataset("digits", 6)
+    plain = ort.SessionOptions()
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+
+    space = load_space(SMALL_VIT)
+    archs = [json.loads(r["arch"]) for r in vit_run.trials]
+    assert {a["backbone_bits"] for a in archs} == {4, 8, 32} and {a["attn_bits"] for a in archs} >= {4, 8}
+    assert {a["patch"] for a in archs} == {2, 4} and {a["conv_stem"] for a in archs} == {0, 1}
+    assert any(len(space.active_exits(a)) > 1 for a in archs)
+    for row, arch in zip(vit_run.trials, archs):
+        out = tmp_path / f"t{row['trial']}"
+        card = _export(vit_run, row["trial"], out)
+        res = invoke("eval", out, "--rounds", 2, "--json")
+        assert res.exit_code == 0, res.output
+        ev = json.loads(res.stdout)
+        if arch["attn_bits"] != 4:
+            assert abs(ev["accuracy"] - row["accuracy"]) <= 1.0, (arch, ev["accuracy"], row["accuracy"])
+            for e in card["exits"]:
+                assert abs(100 * ev["exit_rates"][e] - 100 * row[f"exit_rate_{e}"]) <= 1.0, e
+        sess = ort.InferenceSession(str(out / "model.onnx"), plain, providers=["CPUExecutionProvider"])
+        answers = np.array([[int(np.argmax(logits)), int(k[0])] for logits, k in
+                            (sess.run(None, {"input": x[None]}) for x in data.x_test)])
+        assert 100 * (answers[:, 0] == data.y_test).mean() == pytest.approx(row["accuracy"], abs=1e-6)
+        for i, e in enumerate(card["exits"]):
+            assert (answers[:, 1] == i).mean() == pytest.approx(row[f"exit_rate_{e}"], abs=1e-6), e
+        graph = import_onnx(out / "model.onnx")
+        assert not graph.unsupported, graph.unsupported  # every layer priced, inside the exits' branches too
+        want, got = space.to_layers(arch, (1, 8, 8), 10), graph.layers
+        shape = lambda l: (l.op, l.in_ch, l.out_ch, l.in_hw, l.out_hw, l.kernel, l.stride, l.groups,  # noqa: E731
+                           l.segment, l.role, l.fn)
+        assert [shape(l) for l in got] == [shape(l) for l in want]
+        for w, g in zip(want, got):
+            float_here = w.name.rsplit(".", 1)[1] in FLOAT_IN_GRAPH
+            assert (g.w_bits, g.a_bits) == ((32, 32) if float_here else (w.w_bits, w.a_bits)), w.name
+        res = invoke("predict", out / "model.onnx", "--device", "edge-quad", "--json")
+        assert res.exit_code == 0, res.output
+        if len(card["exits"]) > 1:  # the rest of the backbone lies in the exit's else branch
+            m = onnx.load(out / "model.onnx")
+            main_if = next(n for n in m.graph.node if n.op_type == "If")
+            else_branch = next(a.g for a in main_if.attribute if a.name == "else_branch")
+            assert sum(n.op_type in ("MatMul", "Gemm") for n in m.graph.node) == \
+                sum(l.op in ("linear", "matmul") and l.segment == 0 for l in want)
+            assert sum(n.op_type in ("MatMul", "Gemm") for n in _nodes(else_branch)) == \
+                sum(l.op in ("linear", "matmul") and l.segment > 0 for l in want)

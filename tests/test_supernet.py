@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.cli.cli_helpers import invoke, one_line_error
+from tests.cli.cli_helpers import SMALL_VIT, invoke, one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,13 +25,7 @@ TINY = {
     "exits": {"after_stages": [1], "width": [8, 16], "tolerance": [0.5, 2]},
     "quantization": {"backbone_bits": [32, 8, 4], "exit_bits": [32, 8, 4]},
 }
-TINY_VIT = {
-    "name": "tinyvit", "kind": "vit", "patch": [2, 4], "width": [8, 16], "heads": [1, 2],
-    "stem": {"channels": 4, "kernel": 3, "use": [0, 1]},
-    "groups": [{"depth": [1, 2], "mlp_ratio": [1, 2]}, {"depth": [1, 2], "mlp_ratio": [1, 2]}],
-    "exits": {"after_groups": [1], "width": [8, 16], "tolerance": [0.5, 2]},
-    "quantization": {"backbone_bits": [32, 8, 4], "attn_bits": [32, 8, 4], "exit_bits": [32, 8, 4]},
-}
+TINY_VIT = yaml.safe_load(Path(SMALL_VIT).read_text(encoding="utf-8"))
 
 
 @pytest.fixture(autouse=True)
@@ -324,13 +318,13 @@ def test_a_vit_supernet_trains_scores_candidates_in_a_search_and_reloads_identic
 
     ws = _workspace(_workspace(tmp_path / "ws", TINY_VIT), TINY)
     data = _small_digits(ws / "digits.npz")
-    res = invoke("--workspace", ws, "supernet", "train", "--space", "tinyvit", "--dataset", data, "--epochs", 2,
+    res = invoke("--workspace", ws, "supernet", "train", "--space", "small-vit", "--dataset", data, "--epochs", 2,
                  "--name", "vsn", "--warmup-epochs", 1, "--json")
     assert res.exit_code == 0, res.output
     card = json.loads(res.stdout)
-    assert card["space"] == "tinyvit" and (ws / "supernets" / "vsn" / "weights.pt").is_file()
+    assert card["space"] == "small-vit" and (ws / "supernets" / "vsn" / "weights.pt").is_file()
     run_dir = tmp_path / "run"
-    res = invoke("--workspace", ws, "search", "--space", "tinyvit", "--dataset", data, "--accuracy", "supernet:vsn",
+    res = invoke("--workspace", ws, "search", "--space", "small-vit", "--dataset", data, "--accuracy", "supernet:vsn",
                  "--strategy", "random", "--budget", 8, "--run-dir", run_dir, "--keep-weights", "none", "--json")
     assert res.exit_code == 0, res.output
     rows = load_run(str(run_dir)).trials
@@ -344,4 +338,4 @@ def test_a_vit_supernet_trains_scores_candidates_in_a_search_and_reloads_identic
         r, _ = score(net, arch, d, TrainSettings(threads=1), calibration_inputs(d, 0))
         assert r.accuracy == pytest.approx(row["accuracy"], abs=1e-3)
     one_line_error(invoke("--workspace", ws, "search", "--space", "tiny", "--dataset", data,
-                          "--accuracy", "supernet:vsn", "--budget", 2), 2, "trained for space 'tinyvit', not 'tiny'")
+                          "--accuracy", "supernet:vsn", "--budget", 2), 2, "trained for space 'small-vit', not 'tiny'")

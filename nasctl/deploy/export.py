@@ -110,9 +110,10 @@ def _load_network(meta: dict, weights: Path):
 
 def _exportable(space):
     from ..spaces.mbv2 import Mbv2Space
+    from ..spaces.vit import VitSpace
 
-    if not isinstance(space, Mbv2Space):
-        raise UsageError(f"space '{space.name}' is of a kind nasctl cannot export yet; allowed: mbv2")
+    if not isinstance(space, (Mbv2Space, VitSpace)):
+        raise UsageError(f"space '{space.name}' is of a kind nasctl cannot export yet; allowed: mbv2, vit")
     return space
 
 
@@ -152,7 +153,7 @@ def export_trial(run_name: str, trial: int, out: Optional[Path] = None, *, retra
     import onnx
 
     from ..runs import load as load_run
-    from .onnx_graph import build_mbv2_graph
+    from .onnx_graph import build_graph
 
     t0 = time.perf_counter()
     run = load_run(run_name)
@@ -197,8 +198,8 @@ def export_trial(run_name: str, trial: int, out: Optional[Path] = None, *, retra
         state = None
     out = Path(out) if out is not None else run.path / EXPORTS / (f"trial-{trial}" + ("-retrained" if retrain else ""))
     out.mkdir(parents=True, exist_ok=True)
-    model = build_mbv2_graph(net, meta["input_shape"], meta["classes"], meta["exits"], thresholds,
-                             meta["exit_policy"], doc=f"nasctl export of trial {trial} of run {run.id}")
+    model = build_graph(net, meta["input_shape"], meta["classes"], meta["exits"], thresholds,
+                        meta["exit_policy"], doc=f"nasctl export of trial {trial} of run {run.id}")
     onnx.save(model, out / ONNX_FILE)
     if state is None:
         shutil.copyfile(folder / kept.WEIGHTS, out / WEIGHTS)

@@ -22,6 +22,13 @@ Quantization as trained (see `nasctl.evaluation.quant`):
     the scale and zero point of the range QAT learned, where the training network
     quantizes them;
   - 16 and 32 bits stay float32.
+A vision transformer (`nasctl.spaces.vit_torch`) exports the same way: its linear layers on
+tokens as MatMul + Add (per-output-channel weights, DequantizeLinear along axis 1 of the
+[in, out] weight), layer norms as LayerNormalization, GELU as Gelu, the attention as
+Reshape/Transpose into heads, MatMul, Mul by d^-1/2, Softmax and MatMul, each activation
+quantizer where the training network has one.  The shapes that Reshape and ReduceMean read
+are Constant nodes of their own scope, so that ONNX shape inference (and `nasctl predict`)
+sees every layer's shape inside the exits' If branches too.
 onnxruntime fuses 8-bit groups (DequantizeLinear -> Conv -> QuantizeLinear) into integer
 kernels where each quantized tensor has one reader, with the bias rounded to int32 at the
 scale input scale x weight scale (as integer kernels need; the trained network adds it
@@ -114,10 +121,10 @@ def _quantize_act(g: _Graph, x: str, quant, name: str) -> str:
     return y
 
 
-def _weight(g: _Graph, weight, bits: int, fold_scale: np.ndarray | None, name: str) -> str:
+def _weight(g: _Graph, weight, bits: int, fold_scale: np.ndarray | None, name: str, transpose: bool = False) -> str:
     """The weight input of a conv or linear layer: float32, or integers -> DequantizeLinear
     (per output channel) at `bits`; `fold_scale` (per output channel) multiplies it (a
-    folded batch norm)."""
+    folded batch norm).  `transpose`: a linear layer's [in, out] weight, for MatMul."""
     import torch
 
     from ..evaluation.quant import fake_quant_weight
@@ -127,7 +134,8 @@ def _weight(g: _Graph, weight, bits: int, fold_scale: np.ndarray | None, name: s
     fold = np.ones(w.shape[0], dtype=np.float64) if fold_scale is None else fold_scale.astype(np.float64)
     if bits >= FLOAT_BITS:
         shape = (-1,) + (1,) * (w.dim() - 1)
-        return b.const(f"{name}.weight", (w.numpy().astype(np.float64) * fold.reshape(shape)).astype(np.float32))
+        value = (w.numpy().astype(np.float64) * fold.reshape(shape)).astype(np.float32)
+        return b.const(f"{name}.weight", value.T.copy() if transpose else value)
     if bits not in (4, 8):
         raise ValueError(f"{bits}-bit weights cannot be exported; allowed: 4, 8, 16, 32")
     q_max = 2 ** (bits - 1) - 1
@@ -139,16 +147,19 @@ def _weight(g: _Graph, weight, bits: int, fold_scale: np.ndarray | None, name: s
     q = q * sign.reshape((-1,) + (1,) * (q.ndim - 1))
     dtype = TensorProto.INT8 if bits == 8 else TensorProto.INT4
     ws = b.const(f"{name}.weight_scale", np.abs(s).astype(np.float32))
+    axis = 1 if transpose else 0
+    q = q.T.copy() if transpose else q
     if dtype == TensorProto.INT8:  # as UINT8 about zero point 128 (see the module docstring)
         wq = b.const(f"{name}.weight_q", (q + 128).astype(np.uint8))
         wz = b.const(f"{name}.weight_zero", np.full(len(s), 128, np.uint8))
-        return g.one("DequantizeLinear", [wq, ws, wz], f"{name}.weight", axis=0)
+        return g.one("DequantizeLinear", [wq, ws, wz], f"{name}.weight", axis=axis)
     wq = b.const(f"{name}.weight_q", q, TensorProto.INT4)
-    return g.one("DequantizeLinear", [wq, ws], f"{name}.weight", axis=0)
+    return g.one("DequantizeLinear", [wq, ws], f"{name}.weight", axis=axis)
 
 
 def _conv_unit(g: _Graph, x: str, unit, name: str) -> str:
-    """conv -> BN (folded) [-> ReLU6 -> activation quantizer] of `mbv2_torch._conv_unit`."""
+    """conv -> BN (folded) [-> ReLU6 or ReLU -> activation quantizer] of `mbv2_torch._conv_unit`
+    (or of a vit's stem)."""
     conv, bn = unit[0], unit[1]
     var = bn.running_var.detach().double().numpy()
     gamma = bn.weight.detach().double().numpy()
@@ -169,7 +180,10 @@ def _conv_unit(g: _Graph, x: str, unit, name: str) -> str:
         y = g.one("Conv", [x, w], name, **attrs)
         y = g.one("Add", [y, g.root.const(f"{name}.bias", bias.astype(np.float32).reshape(1, -1, 1, 1))], f"{name}.bias")
     if len(unit) > 2:
-        y = _relu6(g, y, unit[3], f"{name}.relu6")
+        from torch import nn
+
+        y = (_relu6(g, y, unit[3], f"{name}.relu6") if isinstance(unit[2], nn.ReLU6)
+             else g.one("Relu", [y], f"{name}.relu"))
         y = _quantize_act(g, y, unit[3], f"{name}.quant")
     return y
 
@@ -192,6 +206,10 @@ def _relu6(g: _Graph, x: str, quant, name: str) -> str:
 
 
 def _classifier(g: _Graph, x: str, head, name: str) -> str:
+    from ..spaces import vit_torch
+
+    if isinstance(head, vit_torch.Classifier):
+        return _token_classifier(g, x, head, name)
     y = _conv_unit(g, x, head.conv, f"{name}.conv")
     y = g.one("GlobalAveragePool", [y], f"{name}.pool")
     y = g.one("Flatten", [y], f"{name}.flatten", axis=1)
@@ -218,11 +236,11 @@ def _confidence(g: _Graph, logits: str, policy: str, classes: int, name: str) ->
     raise ValueError(f"exit policy '{policy}' cannot be exported; allowed: max-softmax, entropy")
 
 
-def build_mbv2_graph(model, input_shape: Sequence[int], classes: int, exits: Sequence[str],
-                     thresholds: Sequence[float], policy: str, doc: str = "") -> onnx.ModelProto:
-    """The deployed graph of a trained `Mbv2Net` (see the module docstring).  `exits`: the
-    active exits' names, final classifier last; `thresholds`: one per early exit."""
-    from ..spaces.mbv2_torch import Classifier
+def build_graph(model, input_shape: Sequence[int], classes: int, exits: Sequence[str],
+                thresholds: Sequence[float], policy: str, doc: str = "") -> onnx.ModelProto:
+    """The deployed graph of a trained `Mbv2Net` or `VitNet` (see the module docstring).
+    `exits`: the active exits' names, final classifier last; `thresholds`: one per early exit."""
+    Classifier = type(model).head_type
 
     if len(thresholds) != len(exits) - 1:
         raise ValueError(f"{len(exits) - 1} early exits but {len(thresholds)} thresholds")
@@ -285,8 +303,16 @@ def build_mbv2_graph(model, input_shape: Sequence[int], classes: int, exits: Seq
 def _block(g: _Graph, x: str, block, name: str) -> str:
     from torch import nn
 
+    from ..spaces import vit_torch
     from ..spaces.mbv2_torch import InvertedResidual
 
+    if isinstance(block, vit_torch.Stem):
+        body = block.body
+        return _conv_unit(g, _quantize_act(g, x, body[0], f"{name}.quant"), list(body[1:]), f"{name}.conv")
+    if isinstance(block, vit_torch.PatchEmbed):
+        return _patch_embed(g, x, block, name)
+    if isinstance(block, vit_torch.Block):
+        return _transformer_block(g, x, block, name)
     if isinstance(block, InvertedResidual):
         y = x
         for j, unit in enumerate(block.body):
@@ -297,3 +323,90 @@ def _block(g: _Graph, x: str, block, name: str) -> str:
     if isinstance(block, nn.Sequential):  # the stem: input quantizer -> conv unit
         return _conv_unit(g, _quantize_act(g, x, block[0], f"{name}.0"), block[1], f"{name}.1")
     raise ValueError(f"block {name} ({type(block).__name__}) cannot be exported")
+
+
+# -- vision transformers (`nasctl.spaces.vit_torch`) ------------------------------------
+
+
+def _linear(g: _Graph, x: str, fc, name: str, tokens: bool = True) -> str:
+    """A `QLinear` on [1, T, C] tokens (MatMul + Add), or on [1, C] (Gemm)."""
+    bias = g.root.const(f"{name}.bias", fc.bias.detach().float().numpy())
+    if tokens:
+        w = _weight(g, fc.weight, fc.bits, None, name, transpose=True)
+        return g.one("Add", [g.one("MatMul", [x, w], name), bias], f"{name}.bias")
+    w = _weight(g, fc.weight, fc.bits, None, name)
+    return g.one("Gemm", [x, w, bias], name, transB=1)
+
+
+def _layer_norm(g: _Graph, x: str, norm, name: str) -> str:
+    b = g.root
+    scale = b.const(f"{name}.scale", norm.weight.detach().float().numpy())
+    shift = b.const(f"{name}.shift", norm.bias.detach().float().numpy())
+    return g.one("LayerNormalization", [x, scale, shift], name, axis=-1, epsilon=float(norm.eps))
+
+
+def _ints(g: _Graph, values: Sequence[int], name: str) -> str:
+    """An int64 tensor that shapes a result (a Reshape's shape, a reduction's axes), as a
+    Constant node of the same scope: ONNX shape inference reads an initializer's value in
+    the main graph only, not inside an exit's If branch."""
+    return g.one("Constant", [], name, value=numpy_helper.from_array(np.array(values, np.int64)))
+
+
+def _reshape(g: _Graph, x: str, shape: Sequence[int], name: str) -> str:
+    return g.one("Reshape", [x, _ints(g, shape, f"{name}.shape")], name)
+
+
+def _patch_embed(g: _Graph, x: str, embed, name: str) -> str:
+    """[input quantizer ->] conv p×p stride p -> tokens [1, T, C] -> + position -> quantizer."""
+    from torch import nn
+
+    if not isinstance(embed.quant_in, nn.Identity):  # it reads the network's input
+        x = _quantize_act(g, x, embed.quant_in, f"{name}.quant_in")
+    conv = embed.conv
+    w = _weight(g, conv.weight, conv.bits, None, f"{name}.conv")
+    p = conv.kernel_size
+    y = g.one("Conv", [x, w, g.root.const(f"{name}.conv.bias", conv.bias.detach().float().numpy())], f"{name}.conv",
+              kernel_shape=list(p), strides=list(conv.stride))
+    c = conv.out_channels
+    y = g.one("Transpose", [_reshape(g, y, [1, c, -1], f"{name}.flatten")], f"{name}.tokens", perm=[0, 2, 1])
+    y = g.one("Add", [y, g.root.const(f"{name}.pos", embed.pos.detach().float().numpy())], f"{name}.position")
+    return _quantize_act(g, y, embed.quant, f"{name}.quant")
+
+
+def _transformer_block(g: _Graph, x: str, blk, name: str) -> str:
+    """x + proj(attention(q, k, v of LayerNorm(x))), then + fc2(GELU(fc1(LayerNorm(x))))."""
+    c, h = blk.q.in_features, blk.heads
+    d = c // h
+    n = _quantize_act(g, _layer_norm(g, x, blk.norm1[0], f"{name}.norm1"), blk.norm1[1], f"{name}.norm1.quant")
+    parts = {}
+    for part, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        y = _quantize_act(g, _linear(g, n, getattr(blk, part), f"{name}.{part}"), getattr(blk, f"q{part}"),
+                          f"{name}.{part}.quant")
+        parts[part] = g.one("Transpose", [_reshape(g, y, [1, -1, h, d], f"{name}.{part}.split")], f"{name}.{part}.heads",
+                            perm=perm)
+    scores = g.one("MatMul", [parts["q"], parts["k"]], f"{name}.scores")
+    scores = g.one("Mul", [scores, g.root.const(f"{name}.scale", np.array(blk.scale, np.float32))], f"{name}.scaled")
+    att = _quantize_act(g, g.one("Softmax", [scores], f"{name}.softmax", axis=-1), blk.qp, f"{name}.softmax.quant")
+    y = _quantize_act(g, g.one("MatMul", [att, parts["v"]], f"{name}.mix"), blk.qo, f"{name}.mix.quant")
+    y = _reshape(g, g.one("Transpose", [y], f"{name}.merge", perm=[0, 2, 1, 3]), [1, -1, c], f"{name}.merge")
+    x = _quantize_act(g, g.one("Add", [x, _linear(g, y, blk.proj, f"{name}.proj")], f"{name}.add1"), blk.quant1,
+                      f"{name}.quant1")
+    n = _quantize_act(g, _layer_norm(g, x, blk.norm2[0], f"{name}.norm2"), blk.norm2[1], f"{name}.norm2.quant")
+    y = g.one("Gelu", [_linear(g, n, blk.fc1, f"{name}.fc1")], f"{name}.gelu")
+    y = _linear(g, _quantize_act(g, y, blk.act[1], f"{name}.gelu.quant"), blk.fc2, f"{name}.fc2")
+    return _quantize_act(g, g.one("Add", [x, y], f"{name}.add2"), blk.quant2, f"{name}.quant2")
+
+
+def _token_classifier(g: _Graph, x: str, head, name: str) -> str:
+    """mean over tokens -> quantizer -> LayerNorm -> quantizer -> linear [-> GELU -> quantizer -> linear]."""
+    y = g.one("ReduceMean", [x, _ints(g, [1], f"{name}.axes")], f"{name}.pool", keepdims=0)
+    y = _quantize_act(g, y, head.quant, f"{name}.pool.quant")
+    y = _quantize_act(g, _layer_norm(g, y, head.norm[0], f"{name}.norm"), head.norm[1], f"{name}.norm.quant")
+    from torch import nn
+
+    if not isinstance(head.fc, nn.Sequential):  # the final classifier
+        return _linear(g, y, head.fc, f"{name}.fc", tokens=False)
+    fc1, _, quant, fc2 = head.fc  # an exit head: linear -> GELU -> quantizer -> linear
+    y = _quantize_act(g, g.one("Gelu", [_linear(g, y, fc1, f"{name}.fc1", tokens=False)], f"{name}.gelu"), quant,
+                      f"{name}.gelu.quant")
+    return _linear(g, y, fc2, f"{name}.fc2", tokens=False)

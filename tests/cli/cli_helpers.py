@@ -22,3 +22,5 @@ def one_line_error(result, code, text):
 # a small ee-mbv2 (tests/data/small-mbv2.yaml) for tests that run whole searches to check what
 # a search does, not what ee-mbv2 is: each candidate trains about four times faster
 SMALL_SPACE = str(Path(__file__).resolve().parents[1] / "data" / "small-mbv2.yaml")
+# and a small ee-vit (tests/data/small-vit.yaml), with a bit width of the attention of its own
+SMALL_VIT = str(Path(__file__).resolve().parents[1] / "data" / "small-vit.yaml")
