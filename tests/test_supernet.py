@@ -307,8 +307,9 @@ def test_local_workers_find_the_supernet_in_the_workspace(trained, tmp_path):
 
 def test_a_vit_supernet_trains_scores_candidates_in_a_search_and_reloads_identically(tmp_path):
     """A vit space's supernet: trained by the CLI, a search scores candidates (with and
-    without stem, both patch sizes) on inherited weights, and the supernet reloaded from
-    its folder scores each the same; refused for an mbv2 space."""
+    without stem, both patch sizes) on inherited weights, the supernet reloaded from its
+    folder scores each the same, it is refused for an mbv2 space, and a candidate exports
+    with its inherited weights."""
     from nasctl import workspace
     from nasctl.evaluation.datasets import load_dataset
     from nasctl.evaluation.train import TrainSettings
@@ -325,7 +326,7 @@ def test_a_vit_supernet_trains_scores_candidates_in_a_search_and_reloads_identic
     assert card["space"] == "small-vit" and (ws / "supernets" / "vsn" / "weights.pt").is_file()
     run_dir = tmp_path / "run"
     res = invoke("--workspace", ws, "search", "--space", "small-vit", "--dataset", data, "--accuracy", "supernet:vsn",
-                 "--strategy", "random", "--budget", 8, "--run-dir", run_dir, "--keep-weights", "none", "--json")
+                 "--strategy", "random", "--budget", 8, "--run-dir", run_dir, "--json")
     assert res.exit_code == 0, res.output
     rows = load_run(str(run_dir)).trials
     archs = [json.loads(r["arch"]) for r in rows]
@@ -339,3 +340,13 @@ def test_a_vit_supernet_trains_scores_candidates_in_a_search_and_reloads_identic
         assert r.accuracy == pytest.approx(row["accuracy"], abs=1e-3)
     one_line_error(invoke("--workspace", ws, "search", "--space", "tiny", "--dataset", data,
                           "--accuracy", "supernet:vsn", "--budget", 2), 2, "trained for space 'small-vit', not 'tiny'")
+    # a candidate exports with the weights it inherited, and onnxruntime answers as it was scored
+    row = max(rows, key=lambda r: r["accuracy"])
+    res = invoke("--workspace", ws, "export", run_dir, "--trial", row["trial"], "--out", tmp_path / "exp", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["figures"]["model"]["weights"] == \
+        "inherited from supernet 'vsn', batch norm recalibrated"
+    res = invoke("eval", tmp_path / "exp", "--dataset", data, "--rounds", 2, "--json")
+    assert res.exit_code == 0, res.output
+    if json.loads(row["arch"])["attn_bits"] != 4:  # (4-bit attention: see test_export)
+        assert abs(json.loads(res.stdout)["accuracy"] - row["accuracy"]) <= 1.0
