@@ -26,7 +26,7 @@ the default one.
    (`--fronts-only`: the searches of an earlier run, their fronts retrained again).
 
     python benchmarks/supernet.py [--space ee-mbv2] [--workspace runs/supernet-bench/ws] [--name bench] \\
-        [--epochs 10] [--train-labels] [--rounds 3] [--timing 8] [--sets tune,held] [--partial] [--search] [--budget 2000] [--strategy nsga2] [--workers 1] [--default-json FILE] [--fronts-only]
+        [--epochs E] [--train-labels] [--rounds 3] [--timing 8] [--sets tune,held] [--partial] [--search] [--budget 2000] [--strategy nsga2] [--workers 1] [--default-json FILE] [--fronts-only]
 """
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ def supernet(args):
     args.workspace.mkdir(parents=True, exist_ok=True)
     workspace.set_workspace(args.workspace)
     if not (args.workspace / store.FOLDER / args.name / store.CARD).is_file():
-        print(f"training supernet '{args.name}' ({args.epochs} epochs) ...", flush=True)
-        nasctl("supernet", "train", "--space", args.space, "--epochs", args.epochs, "--name", args.name,
-               "--seed", 0, workspace=args.workspace)
+        print(f"training supernet '{args.name}' ({args.epochs or 'default'} epochs) ...", flush=True)
+        nasctl("supernet", "train", "--space", args.space, *(("--epochs", args.epochs) if args.epochs else ()),
+               "--name", args.name, "--seed", 0, workspace=args.workspace)
     space = load_space(args.space)
     data = load_dataset(pe.DATASET, 0)
     net, card = store.load(args.name, space, data, split_seed=0)
@@ -263,7 +263,7 @@ def main() -> None:
     ap.add_argument("--space", default=pe.SPACE, help="an mbv2- or vit-kind space")
     ap.add_argument("--workspace", type=Path, default=LABELS / "ws")
     ap.add_argument("--name", help="the supernet's name (default: bench, or bench-SPACE for another space)")
-    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--epochs", type=int, help="the supernet's (default: `nasctl supernet train`'s for the space)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timing", type=int, default=8, help="candidates timed both ways")
     ap.add_argument("--skip-timing", action="store_true")

@@ -340,6 +340,20 @@ def test_a_vit_supernet_trains_scores_candidates_in_a_search_and_reloads_identic
         assert r.accuracy == pytest.approx(row["accuracy"], abs=1e-3)
     one_line_error(invoke("--workspace", ws, "search", "--space", "tiny", "--dataset", data,
                           "--accuracy", "supernet:vsn", "--budget", 2), 2, "trained for space 'small-vit', not 'tiny'")
+    # without --epochs, a supernet trains for its space kind's default: 60 epochs for a vit, 10 for mbv2
+    from nasctl.supernet import train_and_save
+    from nasctl.supernet.train import SupernetSettings
+
+    told = {}
+
+    def stop(total, done):
+        told["total"] = total
+        raise KeyboardInterrupt
+
+    for space_name, epochs in (("small-vit", 60), ("tiny", 10)):
+        with pytest.raises(KeyboardInterrupt):
+            train_and_save(space_name, str(data), f"d-{space_name}", SupernetSettings(epochs=None), 0, on_start=stop)
+        assert told["total"] == epochs
     # a candidate exports with the weights it inherited, and onnxruntime answers as it was scored
     row = max(rows, key=lambda r: r["accuracy"])
     res = invoke("--workspace", ws, "export", run_dir, "--trial", row["trial"], "--out", tmp_path / "exp", "--json")

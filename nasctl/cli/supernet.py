@@ -17,8 +17,9 @@ def train(
     space: Annotated[str, typer.Option(help="Search space (kind mbv2 or vit) name or YAML path.", show_default=False)],
     dataset: Annotated[str, typer.Option(help="'digits', a CIFAR-10 python-batches folder or an .npz file.")]
     = "digits",
-    epochs: Annotated[int, typer.Option(min=1, help="Training epochs (each step trains the largest, the smallest "
-                                                   "and --random-subnets sampled sub-networks).")] = 10,
+    epochs: Annotated[Optional[int], typer.Option(
+        min=1, help="Training epochs (each step trains the largest, the smallest and --random-subnets sampled "
+                    "sub-networks). [default: 10 for an mbv2 space, 60 for a vit space]", show_default=False)] = None,
     name: Annotated[Optional[str], typer.Option(
         help="Name to save it under (supernets/NAME/ in the workspace). [default: the space's name]",
         show_default=False)] = None,

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -24,13 +25,15 @@ def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed
     from ..evaluation.datasets import load_dataset
     from ..spaces.loader import load_space
     from . import store
-    from .elastic import Supernet, base_space
+    from .elastic import Supernet, base_space, default_epochs
     from .train import train_supernet
 
     folder = workspace.new_entry(store.FOLDER, name, "supernet")
     space_file = Path(workspace.find("search_spaces", space_name, "search space"))
     space = load_space(space_file)
-    base_space(space)
+    base_space(space)  # a kind supernets cover
+    if settings.epochs is None:  # the space kind's default
+        settings = replace(settings, epochs=default_epochs(space))
     has_checkpoint = (folder / store.CHECKPOINT_META).is_file()
     if resume and not has_checkpoint:
         raise UsageError(f"supernet '{name}' has no checkpoint to resume in {folder}"
