@@ -208,7 +208,7 @@ def test_a_resumed_training_ends_with_the_weights_of_an_uninterrupted_one(traine
     train = ("--workspace", ws, "supernet", "train", "--space", "tiny", "--dataset", data, "--name", "half")
     one_line_error(invoke(*train), 2, "exists")
     one_line_error(invoke(*train, "--resume", "--lr", 0.1), 2, "another settings")
-    res = invoke(*train, "--epochs", 2, "--warmup-epochs", 1, "--resume")
+    res = invoke(*train, "--warmup-epochs", 1, "--resume")  # its own 2 epochs, not the space kind's 10
     assert res.exit_code == 0, res.output
     a = torch.load(folder / "weights.pt", weights_only=True)
     b = torch.load(ws / "supernets" / "sn" / "weights.pt", weights_only=True)

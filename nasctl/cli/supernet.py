@@ -19,7 +19,8 @@ def train(
     = "digits",
     epochs: Annotated[Optional[int], typer.Option(
         min=1, help="Training epochs (each step trains the largest, the smallest and --random-subnets sampled "
-                    "sub-networks). [default: 10 for an mbv2 space, 60 for a vit space]", show_default=False)] = None,
+                    "sub-networks). [default: 10 for an mbv2 space, 60 for a vit space; with --resume, the "
+                    "training's own]", show_default=False)] = None,
     name: Annotated[Optional[str], typer.Option(
         help="Name to save it under (supernets/NAME/ in the workspace). [default: the space's name]",
         show_default=False)] = None,

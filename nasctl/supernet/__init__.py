@@ -32,9 +32,10 @@ def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed
     space_file = Path(workspace.find("search_spaces", space_name, "search space"))
     space = load_space(space_file)
     base_space(space)  # a kind supernets cover
-    if settings.epochs is None:  # the space kind's default
-        settings = replace(settings, epochs=default_epochs(space))
     has_checkpoint = (folder / store.CHECKPOINT_META).is_file()
+    if settings.epochs is None:  # a resumed training's own, else the space kind's default
+        planned = store.checkpoint_meta(folder).get("settings", {}).get("epochs") if resume and has_checkpoint else None
+        settings = replace(settings, epochs=planned or default_epochs(space))
     if resume and not has_checkpoint:
         raise UsageError(f"supernet '{name}' has no checkpoint to resume in {folder}"
                          + ("" if not (folder / store.CARD).is_file() else " (its training finished)"))

@@ -147,12 +147,17 @@ def save_checkpoint(folder: Path, net, opt, epoch: int, meta: dict) -> None:
     (folder / CHECKPOINT_META).write_text(json.dumps({"epoch": epoch, **meta}, indent=1), encoding="utf-8")
 
 
+def checkpoint_meta(folder: Path) -> dict:
+    """What a folder's checkpoint records: its epoch, settings, seed, space and data."""
+    return json.loads((Path(folder) / CHECKPOINT_META).read_text(encoding="utf-8"))
+
+
 def load_checkpoint(folder: Path, net) -> tuple[int, dict, dict]:
     """(epochs done, the optimizer state to load, the checkpoint's meta) from a folder's
     checkpoint into `net`."""
     import torch
 
-    meta = json.loads((folder / CHECKPOINT_META).read_text(encoding="utf-8"))
+    meta = checkpoint_meta(folder)
     tensors = torch.load(folder / CHECKPOINT, map_location="cpu", weights_only=True)
     net.full.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
     params = [n for n, _ in net.named_parameters()]
