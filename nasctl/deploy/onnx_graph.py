@@ -214,10 +214,7 @@ def _classifier(g: _Graph, x: str, head, name: str) -> str:
     y = g.one("GlobalAveragePool", [y], f"{name}.pool")
     y = g.one("Flatten", [y], f"{name}.flatten", axis=1)
     y = _quantize_act(g, y, head.pool[2], f"{name}.pool.quant")
-    fc = head.fc
-    w = _weight(g, fc.weight, fc.bits, None, f"{name}.fc")
-    bias = g.root.const(f"{name}.fc.bias", fc.bias.detach().float().numpy())
-    return g.one("Gemm", [y, w, bias], f"{name}.fc", transB=1)
+    return _linear(g, y, head.fc, f"{name}.fc", tokens=False)
 
 
 def _confidence(g: _Graph, logits: str, policy: str, classes: int, name: str) -> str:
