@@ -26,7 +26,8 @@ the default one.
    (`--fronts-only`: the searches of an earlier run, their fronts retrained again).
 
     python benchmarks/supernet.py [--space ee-mbv2] [--workspace runs/supernet-bench/ws] [--name bench] \\
-        [--epochs E] [--train-labels] [--rounds 3] [--timing 8] [--sets tune,held] [--partial] [--search] [--budget 2000] [--strategy nsga2] [--workers 1] [--default-json FILE] [--fronts-only]
+        [--epochs E] [--train-labels] [--rounds 3] [--timing 8] [--sets tune,held] [--partial] [--search] \\
+        [--budget 2000] [--strategy nsga2] [--workers 1] [--default-json FILE] [--fronts-only]
 """
 
 from __future__ import annotations

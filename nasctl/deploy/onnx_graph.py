@@ -379,8 +379,8 @@ def _transformer_block(g: _Graph, x: str, blk, name: str) -> str:
     for part, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
         y = _quantize_act(g, _linear(g, n, getattr(blk, part), f"{name}.{part}"), getattr(blk, f"q{part}"),
                           f"{name}.{part}.quant")
-        parts[part] = g.one("Transpose", [_reshape(g, y, [1, -1, h, d], f"{name}.{part}.split")], f"{name}.{part}.heads",
-                            perm=perm)
+        heads = _reshape(g, y, [1, -1, h, d], f"{name}.{part}.split")
+        parts[part] = g.one("Transpose", [heads], f"{name}.{part}.heads", perm=perm)
     scores = g.one("MatMul", [parts["q"], parts["k"]], f"{name}.scores")
     scores = g.one("Mul", [scores, g.root.const(f"{name}.scale", np.array(blk.scale, np.float32))], f"{name}.scaled")
     att = _quantize_act(g, g.one("Softmax", [scores], f"{name}.softmax", axis=-1), blk.qp, f"{name}.softmax.quant")
@@ -396,11 +396,11 @@ def _transformer_block(g: _Graph, x: str, blk, name: str) -> str:
 
 def _token_classifier(g: _Graph, x: str, head, name: str) -> str:
     """mean over tokens -> quantizer -> LayerNorm -> quantizer -> linear [-> GELU -> quantizer -> linear]."""
+    from torch import nn
+
     y = g.one("ReduceMean", [x, _ints(g, [1], f"{name}.axes")], f"{name}.pool", keepdims=0)
     y = _quantize_act(g, y, head.quant, f"{name}.pool.quant")
     y = _quantize_act(g, _layer_norm(g, y, head.norm[0], f"{name}.norm"), head.norm[1], f"{name}.norm.quant")
-    from torch import nn
-
     if not isinstance(head.fc, nn.Sequential):  # the final classifier
         return _linear(g, y, head.fc, f"{name}.fc", tokens=False)
     fc1, _, quant, fc2 = head.fc  # an exit head: linear -> GELU -> quantizer -> linear
