@@ -220,6 +220,10 @@ def write_lut(path: Path, rows: Sequence[dict]) -> None:
             writer.writerow({c: f"{v:.8g}" if isinstance(v, float) else v for c in columns if (v := row.get(c)) is not None})
 
 
+# Ops whose sub-kind (`fn`) is the computation itself, not an activation fused into it.
+_FN_IS_THE_OP = frozenset({"act", "pool", "norm", "data", "resize"})
+
+
 def kernel_type(layer: LayerSpec) -> str:
     """What a regressor is fitted per: the op, convs split into dense, grouped and
     depthwise, residual sums a conv accumulates (`add` with fn `sum`) apart from other
@@ -613,6 +617,8 @@ class LutDevice(CostModel):
         # kernel type -> the work of its largest kernel (saved with the regressors)
         self._largest: dict[str, float] = {k: float(v) for k, v in ((doc or {}).get("largest") or {}).items()
                                            if k in self._rows}
+        self._rate: dict[str, float] = {}  # kernel type -> `_largest_rate`
+        self._largest_fn: dict[tuple[str, str], float] = {}  # (kernel type, sub-kind) -> its largest work
 
     def _merge(self, rows: Sequence[dict]) -> tuple[dict, dict]:
         """(shape key -> costs, kernel type -> rows) of the distinct kernels: repeated
@@ -743,14 +749,52 @@ class LutDevice(CostModel):
             priced, ktype = next(((c, t) for c, t in known if self._covers(t, c)), known[0])
             todo.setdefault(ktype, {})[key] = (priced, layer)
         for ktype, batch in todo.items():
-            values = np.exp(np.column_stack([m.predict([p for p, _ in batch.values()]) for m in self._regressors(ktype)]))
+            priced = [p for p, _ in batch.values()]
+            values = np.exp(np.column_stack([m.predict(priced) for m in self._regressors(ktype)]))
+            values *= self._bound_factor(ktype, priced, values[:, 0])[:, None]
             for (key, (_, layer)), v in zip(batch.items(), values):
                 self._cache[key] = self._cost(tuple(float(x) for x in v), f"{self.chosen[ktype]} regressor", layer)
 
     COVER = 8.0  # a kernel type prices layers up to this many times the work of its largest kernel
+    # Beyond its type's largest kernel, a regressed price is held to at most this many times
+    # the largest kernels' time per unit of work (`_bound_factor`).
+    BOUND = 2.0
 
     def _covers(self, ktype: str, layer: LayerSpec) -> bool:
-        return float(_work([layer])[0]) <= self.COVER * self._largest_work(ktype)
+        """Whether the type's kernels reach within COVER of the layer's work; for an op whose
+        sub-kind is the computation itself (a sigmoid or a gelu, a max or an average pool),
+        its kernels of that sub-kind where it has any (a type measured on tiny sigmoids and
+        one large gelu does not cover a large sigmoid)."""
+        largest = self._largest_of(ktype, layer.fn) if layer.op in _FN_IS_THE_OP else 0.0
+        return float(_work([layer])[0]) <= self.COVER * (largest or self._largest_work(ktype))
+
+    def _largest_of(self, ktype: str, fn: str) -> float:
+        if (ktype, fn) not in self._largest_fn:
+            mine = [layer_from_row(r) for r in self._rows[ktype] if r["fn"] == fn]
+            self._largest_fn[ktype, fn] = float(_work(mine).max()) if mine else 0.0
+        return self._largest_fn[ktype, fn]
+
+    def _bound_factor(self, ktype: str, layers: Sequence[LayerSpec], ms: np.ndarray) -> np.ndarray:
+        """What brings the regressed price of a layer larger than its type's largest kernel
+        down to at most BOUND times the time per unit of work of the largest ones, 1
+        elsewhere: beyond the measured sizes a kernel's time grows about in proportion to
+        its work, where a regressor fitted mostly to small kernels can extrapolate its
+        log-linear trend a hundredfold."""
+        work = _work(layers)
+        factor = np.ones(len(layers))
+        beyond = work > self._largest_work(ktype)
+        if beyond.any():
+            factor[beyond] = np.minimum(ms[beyond], self.BOUND * self._largest_rate(ktype) * work[beyond]) / ms[beyond]
+        return factor
+
+    def _largest_rate(self, ktype: str) -> float:
+        """The median time per unit of work of the type's three largest kernels."""
+        if ktype not in self._rate:
+            rows = self._rows[ktype]
+            work = _work([layer_from_row(r) for r in rows])
+            top = np.argsort(work)[-3:]
+            self._rate[ktype] = float(np.median([rows[i]["latency_ms"] / work[i] for i in top]))
+        return self._rate[ktype]
 
     def _largest_work(self, ktype: str) -> float:
         if ktype not in self._largest:

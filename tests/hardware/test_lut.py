@@ -207,6 +207,45 @@ def test_kernels_far_beyond_their_types_rows_are_priced_from_a_type_that_covers_
     assert dev.estimate([small]).latency_ms == pytest.approx(2e-3 + 48 * 1e-4, rel=0.3)  # from its own rows
 
 
+def dq_act(c, hw, fn):
+    return LayerSpec("act", c, c, (hw, hw), (hw, hw), w_bits=8, a_bits=8, fn=fn, dequantized=True)
+
+
+def test_a_large_kernel_is_priced_from_rows_of_its_own_computation(rows):
+    # dequantized sigmoids measured only on tiny tensors, beside two large dequantized gelus
+    # of the same kernel type: the gelus do not make the type cover a large sigmoid, which
+    # is priced from the float sigmoids
+    tiny = [row_from_layer(dq_act(c, 1, "sigmoid"), 2e-3 + c * 1e-4) for c in (8, 16, 32, 64, 128, 360)]
+    gelu = [row_from_layer(dq_act(c, hw, "gelu"), 2e-3 + c * hw * hw * 4e-7) for c, hw in ((96, 48), (192, 48))]
+    floats = [row_from_layer(LayerSpec("act", c, c, (hw, hw), (hw, hw), fn="sigmoid"), 1e-3 + c * hw * hw * 1e-7)
+              for c in (16, 64, 256) for hw in (8, 32, 112)]
+    dev = device(rows + tiny + gelu + floats)
+    big = dq_act(96, 112, "sigmoid")
+    assert dev.estimate([big]).latency_ms == pytest.approx(1e-3 + 96 * 112 * 112 * 1e-7, rel=0.3)
+    large_gelu = dq_act(128, 64, "gelu")  # its own type's gelus cover it
+    assert dev.estimate([large_gelu]).latency_ms == pytest.approx(2e-3 + 128 * 64 * 64 * 4e-7, rel=0.3)
+
+
+def test_a_price_beyond_the_largest_kernel_grows_at_most_twice_as_fast_as_their_work(rows):
+    # a regressor that extrapolates a hundredfold past the largest measured kernels (here one
+    # that prices every layer at 1 s) is held to twice their time per unit of work (the
+    # per-kernel offset and the working set add nothing here)
+    gelu = [row_from_layer(dq_act(c, hw, "gelu"), 2e-3 + c * hw * hw * 4e-7) for c, hw in ((16, 8), (32, 16),
+                                                                                         (64, 32), (96, 48))]
+    dev = device(rows + gelu)
+
+    class Wild:
+        def predict(self, layers):
+            return np.full(len(layers), np.log(1000.0))
+
+    dev._models["act_w8a8_dq"] = [Wild()]
+    inside, beyond = dq_act(64, 40, "gelu"), dq_act(96, 112, "gelu")
+    assert dev.estimate([inside]).latency_ms == pytest.approx(1000.0)  # within the measured sizes: as regressed
+    # ms per element read or written: the median of the three largest kernels'
+    rate = np.median([(2e-3 + c * hw * hw * 4e-7) / (2 * c * hw * hw) for c, hw in ((32, 16), (64, 32), (96, 48))])
+    assert dev.estimate([beyond]).latency_ms == pytest.approx(2.0 * rate * 2 * 96 * 112 * 112, rel=0.05)
+
+
 def test_ridge_holds_a_new_layers_features_within_the_fitted_range():
     # Pools nearly all 2x2: the one 3x3 row, ten times dearer, gives the kernel-area feature a
     # steep weight; a 9x9 pool must not be extrapolated along it to an absurd price.
