@@ -180,7 +180,7 @@ def test_attribution_of_profiled_nodes():
 
 def test_quick_profile_builds_a_device_that_prices_layers(tmp_path):
     # enough rounds that a busy machine cannot drown the sizes in noise (the sweep below)
-    fitted = profile_machine("cpu-local", Protocol(rounds=4, repeats=2, warmup=1), kernels=60, seed=3)
+    fitted = profile_machine("cpu-local", Protocol(rounds=4, repeats=2, warmup=1), kernels=60, seed=9)
     from nasctl.hardware.fit import write_device
 
     folder = tmp_path / "hardware" / "cpu-local"

@@ -1,7 +1,7 @@
 """Context networks: random ONNX networks made of the blocks real models are made of.
 
 They are built with `onnx.helper` from conv stacks, residual basic and bottleneck blocks,
-grouped bottlenecks of a fixed group width (ResNeXt, RegNet), inverted residuals with
+grouped bottlenecks of a fixed group width (ResNeXt; RegNets of them: `_regnet_net`), inverted residuals with
 squeeze-excite (either global pooling), mixed-kernel depthwise convs (MixNet), ghost
 modules, ConvNeXt blocks (channels-last layer norm and linears), fire modules, dense and
 shuffle units, U-Net
@@ -316,11 +316,11 @@ class _Blocks:
                       act=_pick(rng, ("hardsigmoid", "sigmoid")))
         return b.mul(y, gate)
 
-    def grouped(self, x, cout, stride, act):
-        """A ResNeXt / RegNet bottleneck: a grouped 3x3 conv of a fixed group width, an
-        optional squeeze-excite, a residual add."""
+    def grouped(self, x, cout, stride, act, group_width: Optional[int] = None):
+        """A ResNeXt / RegNet bottleneck: a grouped 3x3 conv of a fixed group width (drawn
+        where not given), an optional squeeze-excite, a residual add."""
         b, rng = self.b, self.rng
-        group_width = _pick(rng, (8, 16, 24, 32, 48, 64))
+        group_width = group_width or _pick(rng, (8, 16, 24, 32, 48, 64))
         width = max(group_width, -(-int(cout * _pick(rng, (0.5, 1.0))) // group_width) * group_width)
         y = b.conv(x, width, 1, act=act or "relu")
         y = b.conv(y, width, 3, stride, groups=width // group_width, act=act or "relu")
@@ -468,7 +468,7 @@ class _Blocks:
 def random_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: float = 1e6):
     """A random context network (an onnx.ModelProto) and a short description of it, of
     `min_macs` to `max_macs` multiply-accumulates (a tiny one below `min_macs` 1e6 only)."""
-    family = _pick(rng, ("cnn", "cnn", "cnn", "cnn", "int8", "int8", "transformer", "unet", "tiny"))
+    family = _pick(rng, ("cnn", "cnn", "cnn", "cnn", "int8", "int8", "transformer", "unet", "tiny", "regnet"))
     if family == "tiny":
         if min_macs <= 1e6:
             return _tiny_net(rng, min(max_macs, 2e6))
@@ -479,6 +479,12 @@ def random_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: fl
         return _transformer_net(rng, size, budget)
     if family == "unet":
         return _unet_net(rng, size, budget)
+    if family == "regnet":
+        model, description = _regnet_net(rng, size, budget)
+        if rng.random() < 1 / 3:
+            per_channel = bool(rng.random() < 0.5)
+            return quantize(model, rng, per_channel=per_channel), f"int8{' per-channel' * per_channel} {description}"
+        return model, description
     if family == "int8":
         per_channel = bool(rng.random() < 0.5)  # the quantizer's two weight modes
         model, description = (_transformer_net(rng, size, budget) if rng.random() < 0.2
@@ -538,6 +544,27 @@ def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(1
     else:
         y = b.classifier(b.global_pool(x), _pick(rng, (10, 100, 1000)))
     return b.model(y), f"{kind} {size}px"
+
+
+def _regnet_net(rng, size, budget):
+    """A RegNet: stages of grouped bottlenecks of one small group width, widening 1.5-2.5x a
+    stage - grouped convs of tens to hundreds of groups of 8-24 channels, at every
+    resolution, which conv nets of other blocks seldom reach (onnxruntime runs such a conv
+    group by group: its time follows its groups and pixels more than its MACs)."""
+    b = NetBuilder(rng, (1, 3, size, size))
+    blocks = _Blocks(b, rng, budget)
+    act = _pick(rng, ("relu", "relu", "swish", "hardswish"))
+    group_width = _pick(rng, (8, 8, 16, 24))
+    width = _pick(rng, (16, 24, 32, 48))
+    x = b.conv("input", width, 3, 2, act=act)
+    while b.macs < budget and b.shapes[x][2] >= 4 and b.kernels < 120:
+        cout = max(group_width, int(round(width * _pick(rng, (1.5, 2.0, 2.5)) / group_width)) * group_width)
+        for i in range(int(rng.integers(1, 4))):
+            x = blocks.grouped(x, cout, 2 if i == 0 and b.shapes[x][2] >= 8 else 1, act, group_width)
+            if b.macs >= budget:
+                break
+        width = blocks.ch(x)
+    return b.model(b.classifier(b.global_pool(x), _pick(rng, (10, 100, 1000)))), f"regnet gw{group_width} {size}px"
 
 
 def _transformer_net(rng, size, budget, channels: int = 3, dims=None, conv_stem: bool = False):
