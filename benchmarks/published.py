@@ -14,7 +14,8 @@ The set is split in two halves, fixed here, alternating within each family: `tun
 says which one change a held-out model prompted).
 
     python benchmarks/published.py [--workspace DIR] [--split tuning|held-out|all] [--only NAME,...]
-                                   [--rounds N] [--no-predict-timing | --predict-timing-only] [--json FILE]
+                                   [--rounds N] [--no-predict-timing | --predict-timing-only]
+                                   [--compare OTHER_DIR ...] [--json FILE]
 
 torchvision and timm are needed only here: `pip install --no-deps torchvision==0.28.0 timm onnxscript onnx_ir`
 beside the CPU torch.  torchvision's compiled ops do not load beside the CPU build of
@@ -240,6 +241,8 @@ def main() -> None:
     ap.add_argument("--predict-timing-only", action="store_true",
                     help="only time `nasctl predict` on each model (no latency measured)")
     ap.add_argument("--refit", action="store_true", help="fit cpu-local again from the networks its profile measured")
+    ap.add_argument("--compare", type=Path, action="append", default=[], metavar="DIR",
+                    help="another workspace whose cpu-local prices the same measurement (repeatable)")
     ap.add_argument("--json", type=Path, help="also write the full result as JSON here")
     args = ap.parse_args()
 
@@ -266,9 +269,11 @@ def main() -> None:
         return
     device = ensure_device(args.workspace, reprofile=False, refit=args.refit)
 
+    from nasctl.hardware.loader import load_device
     from nasctl.hardware.measure.profile import validate_models
 
-    doc = validate_models(device, paths, rounds=args.rounds)
+    others = [load_device(str(d / "hardware" / "cpu-local" / "spec.yaml")) for d in args.compare]
+    doc = validate_models(device, paths, rounds=args.rounds, compare=others)
     times = None if args.no_predict_timing else predict_times([Path(r["path"]) for r in doc["models"]], args.workspace)
     for i, (e, r) in enumerate(zip(chosen, doc["models"])):
         r.update(split=e.split, family=e.family, exporter=e.exporter, int8=e.int8)
@@ -300,6 +305,16 @@ def main() -> None:
         if adjusted:
             doc["halves_load_adjusted"][half] = adjusted
             print_load_adjusted(half, adjusted)
+    for other, compared in zip(args.compare, doc.get("compared", [])):
+        print(f"\n{other}'s cpu-local against the same measurement:")
+        compared["halves"] = {}
+        for half in ("tuning", "held-out"):
+            rows = [r for e, r in zip(chosen, compared["models"]) if e.split == half]
+            if rows:
+                s = compared["halves"][half] = summary(rows)
+                print(f"{half}: {s['within_10pct'] * 100:.0f}% within ±10%, {s['within_5pct'] * 100:.0f}% within "
+                      f"±5%, RMS error {s['rms_error_pct']:.1f}%, worst {s['worst_pct']:+.1f}%")
+                print_load_adjusted(half, load_adjusted(rows, compared["summary"]))
     if not args.no_predict_timing:
         slowest = max(doc["models"], key=lambda r: r["predict_s"])
         print(f"nasctl predict: max {slowest['predict_s']:.2f} s ({slowest['model']}), "
