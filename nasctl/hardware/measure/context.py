@@ -482,15 +482,19 @@ def random_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: fl
     if family == "regnet":
         model, description = _regnet_net(rng, size, budget)
         if rng.random() < 1 / 3:
-            per_channel = bool(rng.random() < 0.5)
-            return quantize(model, rng, per_channel=per_channel), f"int8{' per-channel' * per_channel} {description}"
+            return _int8(model, description, rng, per_channel=bool(rng.random() < 0.5))
         return model, description
     if family == "int8":
         per_channel = bool(rng.random() < 0.5)  # the quantizer's two weight modes
         model, description = (_transformer_net(rng, size, budget) if rng.random() < 0.2
                               else _cnn_net(rng, size, budget, int8=True))
-        return quantize(model, rng, per_channel=per_channel), f"int8{' per-channel' * per_channel} {description}"
+        return _int8(model, description, rng, per_channel)
     return _cnn_net(rng, size, budget)
+
+
+def _int8(model, description: str, rng: np.random.Generator, per_channel: bool):
+    """The network quantized (`quantize`) and its description saying so."""
+    return quantize(model, rng, per_channel=per_channel), f"int8{' per-channel' * per_channel} {description}"
 
 
 TINY_SIZES = (8, 12, 16)  # digits-sized inputs, what small search candidates see
