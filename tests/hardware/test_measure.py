@@ -487,6 +487,26 @@ def test_some_context_networks_are_tiny():
     assert 2 <= sum("tiny" in d for d in descriptions) <= 20
 
 
+def test_some_context_networks_are_regnets_of_grouped_convs_of_one_small_group_width(tmp_path):
+    """Grouped convs of tens to hundreds of groups of 8-24 channels (RegNet), float and int8,
+    are among the context networks: other blocks seldom reach so many groups."""
+    drawn = [random_network(np.random.default_rng(k)) for k in range(80)]
+    regnets = [(m, d) for m, d in drawn if "regnet gw" in d]
+    assert 3 <= len(regnets) <= 20 and any(d.startswith("int8") for _, d in regnets)
+    most, with_blocks = 0, 0
+    for model, description in regnets:
+        group_width = int(description.split("regnet gw")[1].split()[0])
+        assert group_width in (8, 16, 24)
+        path = tmp_path / "net.onnx"
+        path.write_bytes(model.SerializeToString())
+        grouped = [layer for layer in import_onnx(path).layers if layer.op == "conv" and 1 < layer.groups < layer.in_ch]
+        # (a network whose budget its stem already spends has no blocks)
+        assert all(layer.in_ch // layer.groups == group_width for layer in grouped), description
+        with_blocks += bool(grouped)
+        most = max([most] + [layer.groups for layer in grouped])
+    assert with_blocks >= len(regnets) - 2 and most >= 16
+
+
 def test_kernel_offsets_give_each_layer_what_its_profile_left_out():
     # Networks of small linear kernels (1 µs + 0.1 ns per MAC) and reshapes; each reshape also
     # costs the executor 3 µs the profiler does not see.  Scaling a network's profiled
