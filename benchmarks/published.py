@@ -272,6 +272,9 @@ def main() -> None:
     from nasctl.hardware.loader import load_device
     from nasctl.hardware.measure.profile import validate_models
 
+    missing = [str(d) for d in args.compare if not (d / "hardware" / "cpu-local" / "spec.yaml").is_file()]
+    if missing:
+        ap.error(f"--compare {missing[0]}: no hardware/cpu-local/spec.yaml there (a workspace `nasctl hw profile` wrote)")
     others = [load_device(str(d / "hardware" / "cpu-local" / "spec.yaml")) for d in args.compare]
     doc = validate_models(device, paths, rounds=args.rounds, compare=others)
     times = None if args.no_predict_timing else predict_times([Path(r["path"]) for r in doc["models"]], args.workspace)
