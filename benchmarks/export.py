@@ -52,14 +52,15 @@ def integer_kernels(model: Path) -> tuple[int, int]:
     """(8-bit convs onnxruntime fuses into integer kernels, 8-bit convs) of an exported model."""
     import onnx
 
-    from nasctl.hardware.onnx_import import _float_in_runtime, all_nodes as nodes
+    from nasctl.hardware.onnx_import import _in_runtime, all_nodes as nodes
 
     m = onnx.load(model)
     init = {i.name: i.data_type for i in m.graph.initializer}
     producer = {o: n for n in nodes(m.graph) for o in n.output}
     convs = [n for n in nodes(m.graph) if n.op_type == "Conv" and (p := producer.get(n.input[1])) is not None
              and p.op_type == "DequantizeLinear" and init.get(p.input[0]) == onnx.TensorProto.UINT8]
-    apart = _float_in_runtime(model) or set()
+    ran = _in_runtime(model)
+    apart = ran.float_nodes if ran is not None else set()
     return sum((n.name, n.op_type) not in apart for n in convs), len(convs)
 
 

@@ -126,7 +126,7 @@ def test_the_graph_skips_the_rest_of_the_backbone_once_an_exit_is_taken(run, tmp
 
 
 def test_quantized_layers_export_as_qdq_of_their_bit_widths_and_fuse_where_the_graph_allows(run, tmp_path):
-    from nasctl.hardware.onnx_import import _float_in_runtime
+    from nasctl.hardware.onnx_import import _in_runtime
 
     seen = set()
     for row in run.trials:
@@ -141,7 +141,7 @@ def test_quantized_layers_export_as_qdq_of_their_bit_widths_and_fuse_where_the_g
         for n in nodes:
             for i in n.input:
                 consumers.setdefault(i, []).append(n)
-        apart = _float_in_runtime(out / "model.onnx")
+        apart = _in_runtime(out / "model.onnx").float_nodes
         for n in nodes:
             if n.op_type not in ("Conv", "Gemm"):
                 continue

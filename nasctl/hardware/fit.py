@@ -13,13 +13,14 @@ measured kernel and the columns (they mirror `LayerSpec`):
   stride, groups     stride; groups (== in_ch for a depthwise conv)
   w_bits, a_bits     weight and activation bit widths (32 for float)
   fn                 the fused activation (relu, clip, hardswish, ...), pooling mode (max,
-                     avg), norm kind (batch, layer), data op (transpose, ...), or sum for an
-                     add that is a conv's residual sum (accumulated into the conv's output);
-                     may be empty
+                     avg), norm kind (batch, layer), data op (transpose, ...), sum for an
+                     add that is a conv's residual sum (accumulated into the conv's output),
+                     or max_nchw for an 8-bit max pool run in a plain channels-first kernel
+                     (see LayerSpec); may be empty
   latency_ms         measured latency of the kernel, > 0
   dequantized        optional, 0 or 1 (default 0): a quantized kernel that ran as
                      dequantize -> float op -> quantize (an onnxruntime QDQ group it could
-                     not fuse, see LayerSpec.dequantized)
+                     not fuse or drop, see LayerSpec.dequantized)
   energy_mj          optional: its energy, > 0 (the device then models energy)
 
 End-to-end measurements (`nasctl hw fit --device NAME --models FILE`) are a CSV with a

@@ -17,7 +17,12 @@ from math import prod
 #   matmul    products of two activations (attention): out_hw = (M rows, number of
 #             products, e.g. heads), each M x in_ch (the reduced dimension) x out_ch;
 #             no weights.
-#   pool      pooling, `fn` "max" or "avg" (global when out_hw == (1, 1)).
+#   pool      pooling, `fn` "max" or "avg" (global when out_hw == (1, 1)).  An 8-bit max
+#             pool with fn "max_nchw" (`MAX_NCHW`) is one a runtime runs on the quantized
+#             values in its plain channels-first kernel, not in the channels-last layout of
+#             the integer convs around it: onnxruntime's uint8 `MaxPool` where what feeds it
+#             (a QLinearConcat or QLinearAdd) is not channels-last, 10-40x the time per
+#             element of its `NhwcMaxPool` (`onnx_import._in_runtime`).
 #   add, mul  element-wise binary ops on tensors of the output shape.  An add with fn
 #             "sum" (`SUM`) is a residual sum of a conv's output (a float conv without an
 #             activation, whose output nothing else reads) and a tensor of its shape in
@@ -30,6 +35,7 @@ from math import prod
 MAC_OPS = frozenset({"conv", "conv_transpose", "linear", "matmul"})
 OPS = MAC_OPS | {"pool", "add", "mul", "act", "softmax", "norm", "resize", "concat", "split", "data"}
 SUM = "sum"  # the fn of an add that is a conv's residual sum (see above)
+MAX_NCHW = "max_nchw"  # the fn of an 8-bit max pool run in a plain channels-first kernel (above)
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,7 +64,7 @@ from pydantic import BaseModel, ConfigDict, NonNegativeFloat, PositiveFloat
 from .. import specs, trees, workspace
 from ..errors import ConfigError, UsageError
 from .base import CostModel, CostReport, LayerCost
-from .layers import OPS, SUM, LayerSpec
+from .layers import MAX_NCHW, OPS, SUM, LayerSpec
 
 LUT_COLUMNS = ("op", "in_ch", "out_ch", "in_h", "in_w", "out_h", "out_w", "kernel_h", "kernel_w", "stride",
                "groups", "w_bits", "a_bits", "fn", "latency_ms")
@@ -245,10 +245,14 @@ def _type_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequant
     # for groups of 8 channels on AVX-512).  A residual sum that the conv before it
     # accumulates into its output (onnxruntime runs no node of its own for it) is another
     # kernel than a stand-alone add: measured in context it costs next to nothing.
+    # An 8-bit max pool run in a plain channels-first kernel (`MAX_NCHW`) is another kernel
+    # than one in the integer convs' channels-last layout: 10-40x its time per element.
     if op == "conv" and groups != 1:
         name = "conv_dw" if groups == in_ch else "conv_g"
     elif op == "add" and fn == SUM:
         name = "add_sum"
+    elif op == "pool" and fn == MAX_NCHW:
+        name = "pool_nchw"
     else:
         name = op
     if (w_bits, a_bits) == (32, 32):
@@ -257,8 +261,15 @@ def _type_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequant
 
 
 # Kernel types a table without rows of their own prices from another's: grouped convs from
-# dense ones, residual sums from stand-alone adds (tables made before the two were told apart).
-_FALLBACK_TYPES = (("conv_g", "conv"), ("add_sum", "add"))
+# dense ones, residual sums from stand-alone adds, plain-kernel 8-bit max pools from the
+# others (tables made before each was told apart).
+_FALLBACK_TYPES = (("conv_g", "conv"), ("add_sum", "add"), ("pool_nchw", "pool"))
+
+
+def _as_max(layer: LayerSpec) -> LayerSpec:
+    """A plain-kernel 8-bit max pool (`MAX_NCHW`) as the max pool it is, for a type that
+    does not tell the two apart; any other layer as it is."""
+    return replace(layer, fn="max") if (layer.op, layer.fn) == ("pool", MAX_NCHW) else layer
 
 
 def _fallback_type(ktype: str) -> str:
@@ -741,7 +752,7 @@ class LutDevice(CostModel):
             # A grouped conv of a table without grouped ones is priced from its dense convs.
             variants = [layer, replace(layer, dequantized=False), replace(layer, w_bits=32, a_bits=32, dequantized=False)]
             candidates = [(c, kernel_type(c)) for c in variants]
-            candidates += [(c, _fallback_type(t)) for c, t in candidates if _fallback_type(t) != t]
+            candidates += [(_as_max(c), _fallback_type(t)) for c, t in candidates if _fallback_type(t) != t]
             known = [(c, t) for c, t in candidates if t in self._rows]
             if not known:
                 self._cache[key] = None

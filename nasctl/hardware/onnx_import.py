@@ -35,7 +35,10 @@ What runtimes fuse is fused here too:
     they set the bit widths of the layers they feed.
   - A quantized (QDQ) layer that onnxruntime does not fuse into an integer kernel is marked
     `dequantized`: read from the graph onnxruntime optimizes the model into, where it can
-    load it, else from the graph's structure as its QDQ selectors read it.
+    load it, else from the graph's structure as its QDQ selectors read it.  A max pool or
+    resize counts as fused where its QDQ nodes are dropped and it runs on the 8-bit values;
+    an 8-bit max pool onnxruntime runs in its plain channels-first kernel, not converted to
+    the channels-last NhwcMaxPool, gets fn `max_nchw` (read from the fully optimized graph).
 
 Tensors map to layers as channels x (H, W): rank 4 and up is NCHW (further dims folded
 into W), rank 3 and below is channels-last, [B, T, C] -> C x (T, 1).  Every input must
@@ -64,7 +67,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..errors import UsageError
-from .layers import SUM, LayerSpec, chw
+from .layers import MAX_NCHW, SUM, LayerSpec, chw
 
 Shape = tuple[int, ...]
 
@@ -1286,7 +1289,7 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
         from concurrent.futures import ThreadPoolExecutor
 
         pool = ThreadPoolExecutor(max_workers=1)
-        runtime = pool.submit(_float_in_runtime, path)
+        runtime = pool.submit(_in_runtime, path)
         pool.shutdown(wait=False)
     fixed = _fix_inputs(model, input_shapes or {}, path)
     count = sum(1 for _ in _flat(model.graph))
@@ -1334,39 +1337,76 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     written: dict[int, list[str]] = {}  # layer -> the tensors it produces
     for name, i in g.layer_of.items():
         written.setdefault(i, []).append(name)
-    apart = runtime.result() if runtime is not None and any(n.op_type == "DequantizeLinear" for n in g.nodes) \
+    ran = runtime.result() if runtime is not None and any(n.op_type == "DequantizeLinear" for n in g.nodes) \
         else None
     for i, node in enumerate(made_by):
-        if _quantized_kernel(g.layers[i]) and _runs_dequantized(g, i, node, written.get(i, []), apart):
-            g.layers[i] = replace(g.layers[i], dequantized=True)
+        layer = g.layers[i]
+        if not _quantized_kernel(layer):
+            continue
+        if _runs_dequantized(g, i, node, written.get(i, []), ran.float_nodes if ran is not None else None):
+            g.layers[i] = replace(layer, dequantized=True)
+        elif (layer.op, layer.fn) == ("pool", "max") and ran is not None and \
+                (node.members[0] if node.members else node).name in ran.plain_pools:
+            g.layers[i] = replace(layer, fn=MAX_NCHW)
     if decisions:
         notes.append(f"{decisions} nodes of the exits' decisions (each exit's confidence against its threshold) "
                      f"are not priced")
     return ImportResult(g.layers, unsupported, count, fixed, notes, exits)
 
 
-def _float_in_runtime(path: Path) -> Optional[set[tuple[str, str]]]:
-    """(name, op type) of the model's nodes that onnxruntime's CPU provider runs as they are -
-    not fused into an integer kernel or any other op - read from the graph it optimizes
-    the model into (QDQ fusion included, layout changes not); None where it cannot load it."""
+# Ops onnxruntime also runs on 8-bit values under their own name: the QDQ nodes around them
+# dropped, they compute on the quantized tensor (a fused group), else on the dequantized one.
+EIGHT_BIT_OPS = frozenset({"MaxPool", "Resize"})
+
+
+@dataclass(frozen=True)
+class InRuntime:
+    """What onnxruntime's CPU provider makes of a quantized model's nodes (`_in_runtime`).
+
+    `float_nodes`: (name, op type) of the nodes it runs as they are on float values - not
+    fused into an integer kernel or any other op, not run on the quantized values.
+    `plain_pools`: names of the 8-bit max pools it runs in its plain channels-first uint8
+    kernel (`layers.MAX_NCHW`), not converted to the channels-last `NhwcMaxPool`."""
+
+    float_nodes: frozenset
+    plain_pools: frozenset
+
+
+def _in_runtime(path: Path) -> Optional[InRuntime]:
+    """Read from the graphs onnxruntime optimizes the model into: QDQ fusion (extended
+    optimizations, layout changes not) and, where the model has 8-bit max pools, the
+    layout each runs in (all optimizations).  None where it cannot load the model."""
     import tempfile
 
     try:
         import onnxruntime as ort
 
         with tempfile.TemporaryDirectory(prefix="nasctl-ort-") as tmp:
-            so = ort.SessionOptions()
-            so.log_severity_level = 4  # fatal only: a model it cannot load is handled below
-            so.intra_op_num_threads = so.inter_op_num_threads = 1  # no thread pools to start
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-            # the optimized graph is all that is read: no kernel needs its weights packed
-            so.add_session_config_entry("session.disable_prepacking", "1")
-            so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
-            ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-            optimized = _read_model(Path(so.optimized_model_filepath))
+            def optimized(level, name: str) -> list:
+                so = ort.SessionOptions()
+                so.log_severity_level = 4  # fatal only: a model it cannot load is handled below
+                so.intra_op_num_threads = so.inter_op_num_threads = 1  # no thread pools to start
+                so.graph_optimization_level = level
+                # the optimized graph is all that is read: no kernel needs its weights packed
+                so.add_session_config_entry("session.disable_prepacking", "1")
+                so.optimized_model_filepath = str(Path(tmp) / name)
+                ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+                return list(all_nodes(_read_model(Path(so.optimized_model_filepath)).graph))
+
+            nodes = optimized(ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "extended.onnx")
+            made_by = {o: n.op_type for n in nodes for o in n.output}
+            onnx_op = [bool(n.name) and n.domain in ("", "ai.onnx") for n in nodes]
+            on_float = [n.op_type not in EIGHT_BIT_OPS or made_by.get(n.input[0] if n.input else "") ==
+                        "DequantizeLinear" for n in nodes]
+            float_nodes = frozenset((n.name, n.op_type) for n, o, f in zip(nodes, onnx_op, on_float) if o and f)
+            pools = {n.name for n, o, f in zip(nodes, onnx_op, on_float) if o and not f and n.op_type == "MaxPool"}
+            plain = frozenset()
+            if pools:  # converted to NhwcMaxPool, a pool gets another name and domain
+                plain = frozenset(n.name for n in optimized(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "all.onnx")
+                                  if n.op_type == "MaxPool" and n.domain in ("", "ai.onnx") and n.name in pools)
     except Exception:  # noqa: BLE001 - the runtime cannot load it: the graph's structure decides
         return None
-    return {(n.name, n.op_type) for n in all_nodes(optimized.graph) if n.name and n.domain in ("", "ai.onnx")}
+    return InRuntime(float_nodes, plain)
 
 
 def all_nodes(graph: onnx.GraphProto):
@@ -1382,16 +1422,16 @@ def all_nodes(graph: onnx.GraphProto):
 
 
 def _quantized_kernel(layer: LayerSpec) -> bool:
-    """Whether a layer computes on quantized values (max pooling runs on them either way)."""
-    return min(layer.w_bits, layer.a_bits) < 32 and layer.op != "data" and (layer.op, layer.fn) != ("pool", "max")
+    """Whether a layer computes on quantized values (data movement runs on them either way)."""
+    return min(layer.w_bits, layer.a_bits) < 32 and layer.op != "data"
 
 
 def _runs_dequantized(g: Graph, i: int, node: Node, written: Sequence[str],
                       apart: Optional[set[tuple[str, str]]] = None) -> bool:
     """Whether quantized layer `i` (made from `node`, writing the tensors `written`, those
     of the nodes fused into it included) is a QDQ group that the runtime does not fuse into
-    one integer kernel.  `apart`: the nodes onnxruntime runs as they are
-    (`_float_in_runtime`); the node's name among them decides.  Otherwise (or for a node
+    one integer kernel.  `apart`: the nodes onnxruntime runs as they are on float values
+    (`InRuntime.float_nodes`); the node's name among them decides.  Otherwise (or for a node
     without a name of its own) the structure does, an approximation of onnxruntime's QDQ
     selectors: one of the quantized tensors it reads (out of a DequantizeLinear) has other
     readers, or its output has another reader than one QuantizeLinear whose values each

@@ -399,6 +399,27 @@ def test_residual_sums_are_priced_apart_from_stand_alone_adds_and_as_adds_where_
     assert both.estimate([add]).latency_ms > 10 * both.estimate([summed]).latency_ms
 
 
+def test_plain_kernel_int8_max_pools_are_priced_apart_and_as_max_pools_where_the_table_has_none(rows):
+    """An 8-bit max pool onnxruntime runs in its plain channels-first kernel (`MAX_NCHW`)
+    costs many times one in the channels-last layout: its own rows price it, the other
+    pools keep theirs; a table without such rows prices it as the max pool it is."""
+    from nasctl.hardware.layers import MAX_NCHW
+    from nasctl.hardware.lut import kernel_type
+
+    def pool(hw, fn="max"):
+        return LayerSpec("pool", 32, 32, (hw, hw), (hw // 2, hw // 2), (2, 2), 2, w_bits=8, a_bits=8, fn=fn)
+
+    fast = [row_from_layer(pool(hw), 1e-6 * hw * hw) for hw in (8, 12, 16, 24, 32, 48)]
+    slow = [row_from_layer(pool(hw, MAX_NCHW), 2e-5 * hw * hw) for hw in (8, 12, 16, 24, 32, 48)]
+    assert kernel_type(pool(20, MAX_NCHW)) == "pool_nchw_w8a8" and kernel_type(pool(20)) == "pool_w8a8"
+    fast_only = device(rows + fast, overhead={"per_layer_ms": 0.0})
+    assert fast_only.estimate([pool(20, MAX_NCHW)]).latency_ms == pytest.approx(
+        fast_only.estimate([pool(20)]).latency_ms)
+    both = device(rows + fast + slow, overhead={"per_layer_ms": 0.0})
+    assert both.estimate([pool(20, MAX_NCHW)]).latency_ms == pytest.approx(2e-5 * 400, rel=0.3)
+    assert both.estimate([pool(20)]).latency_ms == pytest.approx(fast_only.estimate([pool(20)]).latency_ms)
+
+
 def test_regressors_saved_before_grouped_convs_had_a_type_are_read_with_the_types_taken_again(tmp_path, rows):
     import json
 

@@ -145,7 +145,7 @@ def test_dequantized_marks_match_what_onnxruntime_fuses_in_context_networks(tmp_
     from nasctl.hardware import onnx_import
 
     # the importer's own reading of the graph's structure, where onnxruntime cannot be asked
-    monkeypatch.setattr(onnx_import, "_float_in_runtime", lambda path: None)
+    monkeypatch.setattr(onnx_import, "_in_runtime", lambda path: None)
     rng = np.random.default_rng(seed)
     model, _ = random_network(rng, max_macs=5e6)
     while not any(n.op_type == "DequantizeLinear" for n in model.graph.node):
@@ -215,6 +215,12 @@ def test_quick_profile_builds_a_device_that_prices_layers(tmp_path):
     assert again.rows == fitted.rows and again.spec["overhead"] == fitted.spec["overhead"]
     doc = json.loads((folder / MEASUREMENTS_FILE).read_text())
     assert [MeasuredNetwork.from_dict(d).to_dict() for d in doc["networks"]] == doc["networks"]
+    # each layer's time is attributed again from the profiled nodes kept beside it, as the
+    # code attributes them when it refits
+    assert all(d["nodes"] for d in doc["networks"])
+    (folder / MEASUREMENTS_FILE).write_text(json.dumps({**doc, "networks": [
+        {**d, "layer_ms": [0.0] * len(d["layer_ms"])} for d in doc["networks"]]}))
+    assert refit_profile("cpu-local", folder).rows == fitted.rows
     (folder / MEASUREMENTS_FILE).write_text("{}")
     with pytest.raises(UsageError, match="cannot read the measured context networks"):
         refit_profile("cpu-local", folder)
@@ -576,3 +582,36 @@ def test_a_refit_reads_the_context_networks_layers_again_as_the_importer_labels_
     # networks that do not build again as measured (another seed's) keep their layers
     assert read_again(measured, {"seed": 1, "seeding": SEEDING_PLAIN})[8].layers == old
     assert read_again(measured, {"seed": 0})[8].layers == old  # a profile whose networks cannot be built again
+
+
+def test_int8_max_pools_are_told_apart_by_the_kernel_onnxruntime_runs_them_in(tmp_path):
+    # After a conv (channels-last integer kernels) onnxruntime runs an 8-bit max pool as
+    # NhwcMaxPool; after a concat, in its plain channels-first uint8 MaxPool (10-40x the
+    # time per element); where the pool's output has two readers, on float values between
+    # DequantizeLinear and QuantizeLinear.  Three kernels, three labels.
+    import onnxruntime as ort
+
+    from nasctl.hardware.layers import MAX_NCHW
+
+    rng = np.random.default_rng(0)
+    b = NetBuilder(rng, (1, 8, 32, 32))
+    after_conv = b.pool(b.conv("input", 16, 3, act="relu"), "max")
+    y = b.conv(after_conv, 16, 3, act="relu")
+    after_concat = b.pool(b.concat([b.conv(y, 16, 1, act="relu"), b.conv(y, 16, 3, act="relu")]), "max")
+    two_readers = b.pool(b.conv(after_concat, 32, 1, act="relu"), "max")
+    out = b.add(b.conv(two_readers, 32, 3, act="relu"), two_readers)
+    path = tmp_path / "q.onnx"
+    path.write_bytes(quantize(b.model(b.conv(out, 16, 1)), rng).SerializeToString())
+    pools = [l for l in import_onnx(path).layers if l.op == "pool"]
+    assert [(l.fn, l.dequantized) for l in pools] == [("max", False), (MAX_NCHW, False), ("max", True)]
+    assert [kernel_type(l) for l in pools] == ["pool_w8a8", "pool_nchw_w8a8", "pool_w8a8_dq"]
+    # what onnxruntime runs, fully optimized: one NhwcMaxPool, one uint8 MaxPool, one float one
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "all.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(options.optimized_model_filepath).graph.node
+    made_by = {o: n.op_type for n in optimized for o in n.output}
+    ran = sorted((n.op_type, n.domain, made_by[n.input[0]]) for n in optimized if "MaxPool" in n.op_type)
+    assert ran == [("MaxPool", "", "QLinearConcat"), ("MaxPool", "com.microsoft.nchwc", "ReorderInput"),
+                   ("NhwcMaxPool", "com.microsoft", "QLinearConv")]

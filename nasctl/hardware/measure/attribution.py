@@ -51,6 +51,20 @@ class MeasuredNetwork:
     # nodes onnxruntime ran before the kernel, e.g. a layout reorder of its input).
     alone: dict[int, tuple[float, float, int]] = field(default_factory=dict)
     energy_mj: Optional[float] = None  # energy of one run, where the machine has energy counters
+    # The profiled nodes' times (name, ms, in execution order) the layers' times were
+    # attributed from: a refit attributes them again as the code then does (`reattributed`).
+    # Empty for networks measured before they were kept.
+    nodes: list[tuple[str, float]] = field(default_factory=list)
+
+    def reattributed(self) -> "MeasuredNetwork":
+        """The network with its layers' times attributed again from its profiled nodes
+        (`attribute`), where it keeps them; else as it is."""
+        if not self.nodes:
+            return self
+        from dataclasses import replace
+
+        layer_ms, layer_nodes = attribute(self.nodes, self.layers)
+        return replace(self, layer_ms=layer_ms, layer_nodes=layer_nodes)
 
     def to_dict(self) -> dict:
         """Plain JSON data (layers as kernel-table rows, with their names)."""
@@ -60,7 +74,7 @@ class MeasuredNetwork:
                 "layers": [{**row_from_layer(l, 0.0), "name": l.name} for l in self.layers],
                 "layer_ms": list(map(float, self.layer_ms)), "layer_nodes": list(map(float, self.layer_nodes)),
                 "latency_ms": float(self.latency_ms), "alone": {str(j): list(v) for j, v in self.alone.items()},
-                "energy_mj": self.energy_mj}
+                "energy_mj": self.energy_mj, "nodes": [[name, float(ms)] for name, ms in self.nodes]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MeasuredNetwork":
@@ -70,7 +84,8 @@ class MeasuredNetwork:
 
         return cls(d["description"], [replace(layer_from_row(r), name=r.get("name", "")) for r in d["layers"]],
                    d["layer_ms"], d["layer_nodes"], d["latency_ms"],
-                   {int(j): tuple(v) for j, v in d.get("alone", {}).items()}, d.get("energy_mj"))
+                   {int(j): tuple(v) for j, v in d.get("alone", {}).items()}, d.get("energy_mj"),
+                   [(str(name), float(ms)) for name, ms in d.get("nodes", [])])
 
 
 def attribute(nodes: list[tuple[str, float]], layers: Sequence[LayerSpec]) -> tuple[list[float], list[float]]:
@@ -92,7 +107,8 @@ def measured_network(description: str, layers: list[LayerSpec], times: NetworkTi
     alone = {j: times.alone[tag] for tag, js in runner.long_kernels(layer_ms, tags, floats(layers),
                                                                       long_kernel_ms).items()
              if tag in times.alone for j in js}
-    return MeasuredNetwork(description, layers, layer_ms, layer_nodes, times.latency_ms, alone, times.energy_mj)
+    return MeasuredNetwork(description, layers, layer_ms, layer_nodes, times.latency_ms, alone, times.energy_mj,
+                           list(times.nodes))
 
 
 def floats(layers: Sequence[LayerSpec]) -> list[bool]:

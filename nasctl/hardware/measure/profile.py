@@ -37,7 +37,7 @@ def _slower_by(m: MeasuredNetwork, factor: float) -> MeasuredNetwork:
     return MeasuredNetwork(m.description, m.layers, [t / factor for t in m.layer_ms], m.layer_nodes,
                            m.latency_ms / factor,
                            {j: (ms / factor, before / factor, n) for j, (ms, before, n) in m.alone.items()},
-                           m.energy_mj)
+                           m.energy_mj, [(name, ms / factor) for name, ms in m.nodes])
 
 
 def reference_networks(n: int = 3) -> list:
@@ -103,13 +103,20 @@ def layers_digest(layers: Sequence) -> str:
     import hashlib
     import json
 
-    from ..layers import SUM
+    from ..layers import MAX_NCHW, SUM
     from ..lut import row_from_layer
 
-    # How the importer labels a residual sum (`layers.SUM`) tells nothing of the network
-    # built, and profiles recorded digests before it did: an add's digest is the same.
-    rows = [row_from_layer(replace(layer, fn="") if (layer.op, layer.fn) == ("add", SUM) else layer, 0.0)
-            for layer in layers]
+    # How the importer labels how onnxruntime runs a layer - a residual sum (`layers.SUM`), an
+    # 8-bit max pool's kernel (`MAX_NCHW`) and whether it runs dequantized - tells nothing
+    # of the network built, and profiles recorded digests before it did: the digest is the same.
+    def as_built(layer):
+        if (layer.op, layer.fn) == ("add", SUM):
+            return replace(layer, fn="")
+        if layer.op == "pool" and layer.fn in ("max", MAX_NCHW):
+            return replace(layer, fn="max", dequantized=False)
+        return layer
+
+    rows = [row_from_layer(as_built(layer), 0.0) for layer in layers]
     return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -358,16 +365,20 @@ def read_again(measured: Sequence[MeasuredNetwork], measurement: dict) -> list[M
     read again, so that a refit prices what the importer now tells apart (a residual sum
     from a stand-alone add, say) from the same measurements.  A network whose layers
     differ in more than how they are labelled (their count, order, names, shapes or bit
-    widths) keeps the layers it was measured with."""
+    widths) keeps the layers it was measured with; the others' times are attributed again
+    from their profiled nodes, where the profile kept them.  Which int8 kernels ran dequantized is
+    read again too, but not of results a bundle's runner measured on another machine whose
+    profile told them (`int8_fusion` in the measurement)."""
     from ..onnx_import import import_onnx
 
     seeding, seed = measurement.get("seeding"), measurement.get("seed")
     if seeding not in SEEDINGS or seed is None:
         return list(measured)
+    relabel = "int8_fusion" not in measurement
 
     def kernel(layer) -> tuple:
         key = layer.shape_key()
-        return (layer.name, *key[:10], key[11])  # all but the sub-kind (`fn`)
+        return (layer.name, *key[:10]) + (() if relabel else (key[11],))  # all but the sub-kind (`fn`)
 
     out = []
     with tempfile.TemporaryDirectory(prefix="nasctl-refit-") as tmp:
@@ -380,7 +391,7 @@ def read_again(measured: Sequence[MeasuredNetwork], measurement: dict) -> list[M
             path.write_bytes(model.SerializeToString())
             layers = import_onnx(path).layers
             same = len(layers) == len(m.layers) and all(kernel(a) == kernel(b) for a, b in zip(layers, m.layers))
-            out.append(replace(m, layers=layers) if same else m)
+            out.append(replace(m, layers=layers).reattributed() if same else m)
     return out
 
 
