@@ -178,6 +178,33 @@ def test_attribution_of_profiled_nodes():
     assert times == pytest.approx([0.011, 0.020])
 
 
+def test_layers_of_one_int8_kernel_get_the_times_of_their_own_nodes(tmp_path):
+    # An int8 swish: the conv, its sigmoid and its product are one kernel (one tag) of
+    # three layers, each with its output quantized.  Each layer gets its own node and the
+    # quantization of its output, not a third of the kernel; the kernel's rest (its
+    # weights' dequantization) goes in proportion, and the kernel's total is kept.
+    def int8(name, **attrs):
+        return LayerSpec(name.split(":")[1].split("_")[0], 8, 8, (8, 8), (8, 8), w_bits=8, a_bits=8, name=name, **attrs)
+
+    conv, sig, mul = int8("k2:conv_3"), int8("k2:act_4", fn="sigmoid"), int8("k2:mul_5")
+    nodes = [("k1:conv_0", 0.020), ("k2:c6_DequantizeLinear", 0.004), ("k2:conv_3", 0.030),
+             ("k2:conv_3_QuantizeLinear", 0.005), ("k2:conv_3_DequantizeLinear", 0.004), ("k2:sigmoid_4", 0.007),
+             ("k2:sig_4_QuantizeLinear", 0.005), ("k2:mul_5", 0.006), ("k2:act_5_QuantizeLinear", 0.004)]
+    times, counts = attribute(nodes, [int8("k1:conv_0"), conv, sig, mul])
+    own = np.array([0.039, 0.012, 0.010])
+    assert times == pytest.approx([0.020, *(own + 0.004 * own / own.sum())])
+    assert sum(times) == pytest.approx(sum(ms for _, ms in nodes)) and sum(counts) == pytest.approx(len(nodes))
+    # The context networks name their nodes so: profiled by onnxruntime, an int8 swish
+    # conv's time goes mostly to the conv.
+    b = NetBuilder(np.random.default_rng(0), (1, 16, 24, 24))
+    y = b.conv(b.conv("input", 64, 3, act="relu"), 64, 3, act="swish")
+    model = quantize(b.model(y), np.random.default_rng(0))
+    measured = measure_networks([(model, "swish")], Protocol(rounds=3, sessions=1), tmp_path)[0]
+    kinds = [(layer.op, layer.fn) for layer in measured.layers]
+    assert [k for k in kinds if k[0] != "conv"] == [("act", "sigmoid"), ("mul", "")] and len(kinds) == 4
+    assert TAG.search(measured.layers[1].name).group(1) == TAG.search(measured.layers[3].name).group(1)
+    assert measured.layer_ms[1] > 2 * max(measured.layer_ms[2:])
+
 def test_quick_profile_builds_a_device_that_prices_layers(tmp_path):
     # enough rounds that a busy machine cannot drown the sizes in noise (the sweep below)
     fitted = profile_machine("cpu-local", Protocol(rounds=4, repeats=2, warmup=1), kernels=60, seed=9)

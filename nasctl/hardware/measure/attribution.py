@@ -90,12 +90,16 @@ class MeasuredNetwork:
 
 def attribute(nodes: list[tuple[str, float]], layers: Sequence[LayerSpec]) -> tuple[list[float], list[float]]:
     """Each layer's share of the profiled node times, and of the nodes (`runner.attribute`,
-    by the kernel tags the layers' names carry)."""
-    return runner.attribute(nodes, layer_tags(layers))
+    by the kernel tags and node numbers the layers' names carry)."""
+    return runner.attribute(nodes, layer_tags(layers), layer_numbers(layers))
 
 
 def layer_tags(layers: Sequence[LayerSpec]) -> list[Optional[int]]:
     return [runner.tag_of(layer.name) for layer in layers]
+
+
+def layer_numbers(layers: Sequence[LayerSpec]) -> list[Optional[int]]:
+    return [runner.node_number(layer.name) for layer in layers]
 
 
 def measured_network(description: str, layers: list[LayerSpec], times: NetworkTimes,
@@ -103,7 +107,7 @@ def measured_network(description: str, layers: list[LayerSpec], times: NetworkTi
     """A network's layers with their shares of what was measured of it (`times`): the
     profiled node times attributed to them, and the long kernels' times alone."""
     tags = layer_tags(layers)
-    layer_ms, layer_nodes = runner.attribute(times.nodes, tags)
+    layer_ms, layer_nodes = runner.attribute(times.nodes, tags, layer_numbers(layers))
     alone = {j: times.alone[tag] for tag, js in runner.long_kernels(layer_ms, tags, floats(layers),
                                                                       long_kernel_ms).items()
              if tag in times.alone for j in js}

@@ -53,6 +53,9 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 TAG = re.compile(r"k(\d+):")  # the tag of a kernel, prefixing its nodes' names in a context network
+# A context network's node (or tensor) name: its kernel's tag, then the node's name and its
+# number in the network ("k2:sigmoid_4"; its output "k2:sig_4", quantized by "k2:sig_4_QuantizeLinear").
+NODE = re.compile(r"k(\d+):[A-Za-z]+_(\d+)")
 
 BUNDLE_FORMAT = 1  # bundle.json
 RESULTS_FORMAT = 2  # the results CSV (2: the op type of each profiled node)
@@ -244,10 +247,17 @@ def tag_of(name: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def attribute(nodes: Sequence[tuple[str, float]],
-              layer_tags: Sequence[Optional[int]]) -> tuple[list[float], list[float]]:
+def node_number(name: str) -> Optional[int]:
+    """The number of the context network's node a name comes from (`NODE`), if it tells one."""
+    m = NODE.search(name)
+    return int(m.group(2)) if m else None
+
+
+def attribute(nodes: Sequence[tuple[str, float]], layer_tags: Sequence[Optional[int]],
+              layer_numbers: Optional[Sequence[Optional[int]]] = None) -> tuple[list[float], list[float]]:
     """Each layer's share of the profiled node times, and of the nodes, given each layer's
-    kernel tag (None for a layer without one).
+    kernel tag (None for a layer without one) and, optionally, the number of the node it
+    was read from (`node_number` of its name).
 
     A node whose name carries a kernel tag counts for that kernel.  An untagged node
     (one onnxruntime made) stands in for the kernels it replaced - the tagged kernels
@@ -255,8 +265,14 @@ def attribute(nodes: Sequence[tuple[str, float]],
     norm fused into one SkipLayerNormalization) - or, if there are none, counts for the
     kernel before it (layout reorders and reshapes around a kernel).  A kernel's time
     goes to its layer; a kernel without a layer (a reshape) passes its time to the layer
-    before it."""
+    before it.  A kernel of several layers (an int8 swish: a conv, its sigmoid and its
+    product, each quantized) gives each layer the nodes of its own number - the layer's
+    node and the quantization of its output - and the rest (its weights' and input's
+    dequantization, reorders) in proportion to those; evenly where the layers' numbers
+    are not known."""
     tags = [tag_of(name) for name, _ in nodes]
+    numbers = [node_number(name) for name, _ in nodes]
+    own: dict[tuple[int, int], list[float]] = {}  # (tag, node number) -> [ms, nodes] of that node's own
     seen = {t for t in tags if t is not None}
     per_tag: dict[int, list[float]] = {}
 
@@ -266,6 +282,10 @@ def attribute(nodes: Sequence[tuple[str, float]],
         acc[1] += share
 
     for i, ((_, ms), tag) in enumerate(zip(nodes, tags)):
+        if tag is not None and numbers[i] is not None:
+            acc = own.setdefault((tag, numbers[i]), [0.0, 0.0])
+            acc[0] += ms
+            acc[1] += 1
         if tag is None:
             before = next((t for t in reversed(tags[:i]) if t is not None), None)
             after = next((t for t in tags[i + 1:] if t is not None), None)
@@ -286,9 +306,14 @@ def attribute(nodes: Sequence[tuple[str, float]],
         if not mine:  # no layer of its own: the nearest layer before it
             earlier = [i for t, i in owners if t < tag]
             mine = [earlier[-1]] if earlier else ([owners[0][1]] if owners else [])
-        for i in mine:
-            times[i] += ms / len(mine)
-            counts[i] += n / len(mine)
+        # what each layer ran of its own (several layers of one kernel), and the rest
+        direct = [own.get((tag, layer_numbers[i]), [0.0, 0.0]) if len(mine) > 1 and layer_numbers else [0.0, 0.0]
+                  for i in mine]
+        own_ms, own_n = sum(d[0] for d in direct), sum(d[1] for d in direct)
+        for i, (d_ms, d_n) in zip(mine, direct):
+            share = d_ms / own_ms if own_ms > 0 else 1 / len(mine)
+            times[i] += d_ms + (ms - own_ms) * share
+            counts[i] += d_n + (n - own_n) * share
     return times, counts
 
 
