@@ -378,7 +378,7 @@ def read_again(measured: Sequence[MeasuredNetwork], measurement: dict) -> list[M
 
     def kernel(layer) -> tuple:
         key = layer.shape_key()
-        return (layer.name, *key[:10]) + (() if relabel else (key[11],))  # all but the sub-kind (`fn`)
+        return (layer.name, *key[:10]) + (() if relabel else (key[11],))  # all but the labels
 
     out = []
     with tempfile.TemporaryDirectory(prefix="nasctl-refit-") as tmp:
