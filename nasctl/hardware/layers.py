@@ -21,8 +21,8 @@ from math import prod
 #             pool with fn "max_nchw" (`MAX_NCHW`) is one a runtime runs on the quantized
 #             values in its plain channels-first kernel, not in the channels-last layout of
 #             the integer convs around it: onnxruntime's uint8 `MaxPool` where what feeds it
-#             (a QLinearConcat or QLinearAdd) is not channels-last, 10-40x the time per
-#             element of its `NhwcMaxPool` (`onnx_import._in_runtime`).
+#             (a QLinearConcat or QLinearAdd) is not channels-last, about 30x the time
+#             per element of its `NhwcMaxPool` (`onnx_import._in_runtime`).
 #   add, mul  element-wise binary ops on tensors of the output shape.  An add with fn
 #             "sum" (`SUM`) is a residual sum of a conv's output (a float conv without an
 #             activation, whose output nothing else reads) and a tensor of its shape in

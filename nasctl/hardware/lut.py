@@ -246,7 +246,7 @@ def _type_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequant
     # accumulates into its output (onnxruntime runs no node of its own for it) is another
     # kernel than a stand-alone add: measured in context it costs next to nothing.
     # An 8-bit max pool run in a plain channels-first kernel (`MAX_NCHW`) is another kernel
-    # than one in the integer convs' channels-last layout: 10-40x its time per element.
+    # than one in the integer convs' channels-last layout: about 30x its time per element.
     if op == "conv" and groups != 1:
         name = "conv_dw" if groups == in_ch else "conv_g"
     elif op == "add" and fn == SUM:

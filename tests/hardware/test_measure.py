@@ -613,8 +613,8 @@ def test_a_refit_reads_the_context_networks_layers_again_as_the_importer_labels_
 
 def test_int8_max_pools_are_told_apart_by_the_kernel_onnxruntime_runs_them_in(tmp_path):
     # After a conv (channels-last integer kernels) onnxruntime runs an 8-bit max pool as
-    # NhwcMaxPool; after a concat, in its plain channels-first uint8 MaxPool (10-40x the
-    # time per element); where the pool's output has two readers, on float values between
+    # NhwcMaxPool; after a concat, in its plain channels-first uint8 MaxPool (about 30x
+    # the time per element); where the pool's output has two readers, on float values between
     # DequantizeLinear and QuantizeLinear.  Three kernels, three labels.
     import onnxruntime as ort
 
