@@ -259,6 +259,9 @@ def validate(
     sessions: Annotated[int, typer.Option(min=1, help="Sessions each model is opened in; its time is the "
                                                       "median one's (one session's buffers can run slower "
                                                       "than another's on a shared machine).")] = 3,
+    by_kernel: Annotated[bool, typer.Option("--by-kernel", help="Also profile each model in onnxruntime and "
+                                                                "set each kernel type's measured in-context time "
+                                                                "beside its price: where the errors come from.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ):
     """Measure ONNX models end to end on this machine and compare with a device's predictions.
@@ -267,13 +270,27 @@ def validate(
     interleaved rounds spread over --spread seconds, minimum over rounds, median over
     --sessions sessions) and priced by the device;
     prints each model's error and the share of models within ±5% and ±10%, and the RMS
-    percentage error."""
-    from ..hardware.measure.profile import validate_models
+    percentage error.  With --by-kernel, each model is also profiled: its layers'
+    in-context times, summed per kernel type over the models, beside the device's prices
+    of them, and the layers priced furthest from what they took."""
+    from ..hardware.measure.profile import kernel_breakdown, validate_models
+    from ..hardware.measure.runner import Protocol
 
     dev = _device(device)
     with _Bar("measuring") as bar:
         doc = validate_models(dev, models, rounds=rounds, on_progress=bar.update, spread_s=spread,
                               sessions=sessions)
+    if by_kernel:
+        threads = int((getattr(dev.spec, "measurement", None) or {}).get("threads", 1))
+        with _Bar("profiling") as bar:
+            done = iter(range(1, 2 * rounds + 1))
+            try:
+                doc["by_kernel"] = kernel_breakdown(dev, models, Protocol(threads=threads, rounds=rounds,
+                                                                          sessions=sessions),
+                                                    on_round=lambda: bar.update(next(done, 2 * rounds),
+                                                                                2 * rounds, "rounds"))
+            except ValueError as e:
+                raise UsageError(f"--by-kernel: {e}") from None
     if as_json:
         return print_json(doc)
     table = Table("model", "predicted ms", "measured ms", "error")
@@ -287,3 +304,22 @@ def validate(
         out.print(f"The machine runs at {s['machine_vs_profile']:.2f}x its profiled time now, by "
                   f"{s['machine_vs_profile_from']} timed beside the models "
                   f"(above 1: it is slower or busier now than when it was profiled).")
+    if by_kernel:
+        _print_breakdown(doc["by_kernel"])
+
+
+def _print_breakdown(b: dict, shown: int = 12) -> None:
+    """`hw validate --by-kernel`: the kernel types and layers priced furthest from their times."""
+    table = Table("kernel type", "layers", "priced ms", "measured ms", "difference", title="By kernel type "
+                  f"(in-context times, {len(b['models'])} models, largest differences first)")
+    for r in b["kernels"][:shown]:
+        table.add_row(r["kernel"], str(r["layers"]), f"{r['predicted_ms']:.4g}", f"{r['measured_ms']:.4g}",
+                      f"{r['predicted_ms'] - r['measured_ms']:+.3g} ms")
+    out.print(table)
+    table = Table("model", "layer", "kernel type", "shape", "priced ms", "measured ms", title="Layers priced "
+                  "furthest from their in-context time")
+    for r in b["worst_layers"]:
+        shape = (f"{r['in_ch']}x{r['in_hw'][0]}x{r['in_hw'][1]} -> {r['out_ch']}x{r['out_hw'][0]}x{r['out_hw'][1]}"
+                 f" k{r['kernel_size'][0]}x{r['kernel_size'][1]} g{r['groups']}" + (f" {r['fn']}" if r["fn"] else ""))
+        table.add_row(r["model"], r["layer"], r["kernel"], shape, f"{r['predicted_ms']:.4g}", f"{r['measured_ms']:.4g}")
+    out.print(table)

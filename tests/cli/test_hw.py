@@ -97,6 +97,16 @@ def test_validate_prints_the_table_and_shares(ws, tmp_path):
     assert [m["model"] for m in doc["models"]] == ["a", "b"]
     assert all(m["measured_ms"] > 0 and m["predicted_ms"] > 0 for m in doc["models"])
     assert 0 <= doc["summary"]["within_10pct"] <= 1 and doc["summary"]["rms_error_pct"] >= 0
+    # --by-kernel: each model profiled, its conv's in-context time beside the conv's price
+    result = invoke("--workspace", ws, "hw", "validate", "--device", "phone", *models, "--rounds", 2, "--by-kernel")
+    assert result.exit_code == 0, result.output
+    assert "By kernel type" in result.stdout and "Layers priced furthest" in result.stdout
+    doc = json.loads(invoke("--workspace", ws, "hw", "validate", "--device", "phone", *models, "--rounds", 2,
+                            "--by-kernel", "--json").stdout)
+    by = doc["by_kernel"]
+    assert by["models"] == ["a", "b"] and [r["kernel"] for r in by["kernels"]] == ["conv"]
+    assert by["kernels"][0]["layers"] == 2 and by["kernels"][0]["measured_ms"] > 0
+    assert {r["model"] for r in by["worst_layers"]} == {"a", "b"}
 
 
 def test_quick_profile_writes_the_local_device(ws, tmp_path):

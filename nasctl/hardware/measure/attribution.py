@@ -181,6 +181,56 @@ def _kernel_alone(model, tag: str):
     return utils.Extractor(model).extract_model(inputs, outputs)
 
 
+def tagged_by_kernel(model):
+    """A copy of an ONNX model (any model, not a context network) whose nodes and the
+    tensors they write are named as a context network's are (`runner.TAG`, `runner.NODE`),
+    so that its profiled node times can be attributed to the layers the importer reads from
+    it (`attribute`): each node a kernel tag of its own, except that a DequantizeLinear
+    takes the tag of the node it feeds and a QuantizeLinear that of the node it quantizes
+    (a QDQ group is one kernel, as onnxruntime fuses it).  Graph inputs and weights keep
+    their names; a model with subgraphs (If, Loop, Scan) is refused (ValueError)."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    nodes = list(copy.graph.node)
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in nodes for a in n.attribute):
+        raise ValueError("a model with subgraphs (If, Loop, Scan) cannot be broken down by kernel")
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output}
+    readers: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for name in n.input:
+            readers.setdefault(name, []).append(i)
+    tag: dict[int, int] = {}
+    for i, n in enumerate(nodes):
+        if n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            tag[i] = len(tag)
+    spare = len(tag)  # a Q/DQ node with no kernel to join
+    for op in ("QuantizeLinear", "DequantizeLinear"):  # a model's last DequantizeLinear joins its Q's kernel
+        for i, n in enumerate(nodes):
+            if n.op_type != op:
+                continue
+            joined = [j for j in readers.get(n.output[0], []) if j in tag] if op == "DequantizeLinear" else []
+            if not joined and producer.get(n.input[0]) in tag:
+                joined = [producer[n.input[0]]]
+            tag[i] = tag[joined[0]] if joined else spare
+    renamed: dict[str, str] = {}
+    for i, n in enumerate(nodes):
+        stem = f"k{tag[i]}:{re.sub('[^A-Za-z]', '', n.op_type).lower() or 'op'}_{i}"
+        n.name = stem
+        for j, out in enumerate(n.output):
+            if out:
+                renamed[out] = n.output[j] = f"{stem}_{j}"
+    for n in nodes:
+        for j, name in enumerate(n.input):
+            if name in renamed:
+                n.input[j] = renamed[name]
+    for value in [*copy.graph.output, *copy.graph.value_info]:
+        if value.name in renamed:
+            value.name = renamed[value.name]
+    return copy
+
+
 def prepare_networks(networks: Sequence[tuple[object, str]],
                      folder: Path) -> tuple[list[Network], list[list[LayerSpec]]]:
     """Context networks (onnx models with descriptions) written to `folder` to be measured,
@@ -224,7 +274,8 @@ def measure_networks(networks: Sequence[tuple[object, str]], protocol: Protocol,
 FLOOR_MS = 1e-4  # the least in-context cost a kernel is given (0.1 µs)
 
 
-def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0) -> tuple[list[np.ndarray], dict]:
+def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
+                     known: Optional[tuple[float, float]] = None) -> tuple[list[np.ndarray], dict]:
     """Per-layer costs from the profiles and the thread-clock times.
 
     The profiler adds its own cost to every node it times; fit `end-to-end = run overhead
@@ -232,7 +283,9 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0)
     take the per-node cost off every layer.  A long kernel, timed alone, costs its
     end-to-end time less the run overhead and the nodes onnxruntime ran before it.  The
     other kernels of a network are then scaled alike (within 0.5-2x) so that the network's
-    costs and run overhead add up to its end-to-end time."""
+    costs and run overhead add up to its end-to-end time.  `known`: the run overhead and the
+    profiler's cost per node as a profile of this machine fitted them, taken instead of
+    fitting them to `measured`."""
     from scipy.optimize import least_squares
 
     y = np.array([m.latency_ms for m in measured])
@@ -241,8 +294,9 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0)
     fit_on = (y < short_ms) & np.array([not m.alone for m in measured])
     if fit_on.sum() < 3:
         fit_on[:] = True
-    c0, per_node = least_squares(lambda p: (p[0] + S[fit_on] - p[1] * N[fit_on]) / y[fit_on] - 1, [0.01, 0.001],
-                                 loss="soft_l1", f_scale=0.05, bounds=([0, 0], [np.inf, np.inf])).x
+    c0, per_node = known if known is not None else least_squares(
+        lambda p: (p[0] + S[fit_on] - p[1] * N[fit_on]) / y[fit_on] - 1, [0.01, 0.001],
+        loss="soft_l1", f_scale=0.05, bounds=([0, 0], [np.inf, np.inf])).x
     c0 = float(min(c0, 0.5 * y.min()))
     costs, scales = [], []
     for m in measured:

@@ -20,7 +20,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from .attribution import FLOOR_MS, MeasuredNetwork, in_context_costs, measured_network, prepare_networks
+from .attribution import (FLOOR_MS, MeasuredNetwork, in_context_costs, measure_networks, measured_network,
+                          prepare_networks, tagged_by_kernel)
 from .context import OPSET, TAG, random_network
 from .runner import Protocol, measure_chunks
 from .timing import measure_models
@@ -464,3 +465,51 @@ def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int =
             summary["machine_vs_profile_from"] = f"{len(ratios)} of the profile's context networks"
         docs.append({"device": dev.name, "protocol": protocol.describe(), "models": rows, "summary": summary})
     return {**docs[0], **({"compared": docs[1:]} if compare else {})}
+
+
+def kernel_breakdown(device, paths: Sequence[Path], protocol: Protocol, seed: int = 0,
+                     on_round: Optional[Callable[[], None]] = None, worst: int = 10) -> dict:
+    """Where a device's prices of ONNX models part from this machine: each model profiled
+    in onnxruntime (`tagged_by_kernel`), its layers' in-context times obtained as a profile
+    obtains them (`in_context_costs`: the profiler's cost per node taken off, scaled to the
+    model's end-to-end time) and set beside the device's price of each layer.  Returns the
+    sums per kernel type (`lut.kernel_type`) over all the models, largest difference first,
+    and the `worst` layers by difference (the device's run overhead is left out of both)."""
+    import onnx
+
+    from ..lut import kernel_type
+
+    with tempfile.TemporaryDirectory(prefix="nasctl-breakdown-") as tmp:
+        models = [(tagged_by_kernel(onnx.load(str(path))), Path(path).stem) for path in paths]
+        measured = measure_networks(models, protocol, Path(tmp), seed, on_round, long_kernel_ms=float("inf"))
+    spec = getattr(device, "spec", None)
+    recorded = getattr(spec, "measurement", None) or {}
+    known = None  # a profile of this machine: its run overhead and profiler cost per node
+    if recorded.get("machine") == machine() and {"run_overhead_ms", "profiler_cost_per_node_ms"} <= set(recorded):
+        known = (float(recorded["run_overhead_ms"]), float(recorded["profiler_cost_per_node_ms"]))
+    costs, how = in_context_costs(measured, known=known)
+    run = float(getattr(getattr(spec, "overhead", None), "per_model_ms", 0.0) or 0.0)
+    kinds: dict[str, list[float]] = {}
+    layers = []
+    for m, measured_ms in zip(measured, costs):
+        report = device.estimate(m.layers)
+        priced = [c.latency_ms for c in report.costs]
+        if priced:
+            priced[0] -= run
+        for layer, p, ms in zip(m.layers, priced, measured_ms):
+            k = kernel_type(layer)
+            acc = kinds.setdefault(k, [0, 0.0, 0.0])
+            acc[0] += 1
+            acc[1] += p
+            acc[2] += float(ms)
+            layers.append({"model": m.description, "layer": layer.name, "kernel": k, "op": layer.op, "fn": layer.fn,
+                           "in_ch": layer.in_ch, "out_ch": layer.out_ch, "in_hw": list(layer.in_hw),
+                           "out_hw": list(layer.out_hw), "kernel_size": list(layer.kernel), "groups": layer.groups,
+                           "predicted_ms": p, "measured_ms": float(ms)})
+    rows = [{"kernel": k, "layers": n, "predicted_ms": p, "measured_ms": ms} for k, (n, p, ms) in kinds.items()]
+    rows.sort(key=lambda r: -abs(r["predicted_ms"] - r["measured_ms"]))
+    layers.sort(key=lambda r: -abs(r["predicted_ms"] - r["measured_ms"]))
+    return {"device": device.name, "models": [m.description for m in measured],
+            "end_to_end_ms": [float(m.latency_ms) for m in measured], "run_overhead_ms": how["run_overhead_ms"],
+            "profiler_cost_per_node_ms": how["profiler_cost_per_node_ms"], "kernels": rows,
+            "worst_layers": layers[:worst]}
