@@ -15,7 +15,7 @@ says which one change a held-out model prompted).
 
     python benchmarks/published.py [--workspace DIR] [--split tuning|held-out|all] [--only NAME,...]
                                    [--rounds N] [--no-predict-timing | --predict-timing-only]
-                                   [--compare OTHER_DIR ...] [--json FILE]
+                                   [--compare OTHER_DIR ...] [--by-kernel] [--json FILE]
 
 torchvision and timm are needed only here: `pip install --no-deps torchvision==0.28.0 timm onnxscript onnx_ir`
 beside the CPU torch.  torchvision's compiled ops do not load beside the CPU build of
@@ -243,6 +243,9 @@ def main() -> None:
     ap.add_argument("--refit", action="store_true", help="fit cpu-local again from the networks its profile measured")
     ap.add_argument("--compare", type=Path, action="append", default=[], metavar="DIR",
                     help="another workspace whose cpu-local prices the same measurement (repeatable)")
+    ap.add_argument("--by-kernel", action="store_true",
+                    help="only profile the models and print, per kernel type, the in-context time beside the price "
+                         "(`nasctl hw validate --by-kernel`): where the errors come from")
     ap.add_argument("--json", type=Path, help="also write the full result as JSON here")
     args = ap.parse_args()
 
@@ -268,6 +271,26 @@ def main() -> None:
               f"{sum(t > 1 for t in times)} of {len(times)} over 1 s")
         return
     device = ensure_device(args.workspace, reprofile=False, refit=args.refit)
+    if args.by_kernel:
+        from nasctl.hardware.measure.profile import kernel_breakdown
+        from nasctl.hardware.measure.runner import Protocol
+
+        doc = kernel_breakdown(device, paths, Protocol(rounds=args.rounds, sessions=3), worst=15)
+        total = sum(doc["end_to_end_ms"])
+        print(f"\n{'kernel type':<22}{'layers':>7}{'priced ms':>11}{'measured ms':>13}{'difference':>12}"
+              f"{'of the total':>14}")
+        for r in doc["kernels"]:
+            d = r["predicted_ms"] - r["measured_ms"]
+            print(f"{r['kernel']:<22}{r['layers']:>7}{r['predicted_ms']:>11.3f}{r['measured_ms']:>13.3f}{d:>+12.3f}"
+                  f"{d / total * 100:>+13.2f}%")
+        print(f"\n{'model':<28}{'layer':<26}{'kernel type':<16}{'priced ms':>10}{'measured ms':>12}  shape")
+        for r in doc["worst_layers"]:
+            print(f"{r['model']:<28}{r['layer']:<26}{r['kernel']:<16}{r['predicted_ms']:>10.3f}{r['measured_ms']:>12.3f}"
+                  f"  {r['in_ch']}x{r['in_hw'][0]}x{r['in_hw'][1]} -> {r['out_ch']}x{r['out_hw'][0]}x{r['out_hw'][1]} "
+                  f"k{r['kernel_size'][0]} g{r['groups']} {r['fn']}")
+        if args.json:
+            args.json.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+        return
 
     from nasctl.hardware.loader import load_device
     from nasctl.hardware.measure.profile import validate_models
