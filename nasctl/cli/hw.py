@@ -281,7 +281,7 @@ def validate(
         doc = validate_models(dev, models, rounds=rounds, on_progress=bar.update, spread_s=spread,
                               sessions=sessions)
     if by_kernel:
-        threads = int((getattr(dev.spec, "measurement", None) or {}).get("threads", 1))
+        threads = int((getattr(getattr(dev, "spec", None), "measurement", None) or {}).get("threads", 1))
         with _Bar("profiling") as bar:
             done = iter(range(1, 2 * rounds + 1))
             try:
