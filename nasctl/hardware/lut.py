@@ -94,11 +94,52 @@ class WorkingSet(_Strict):
 WORKING_SET_CLIP = (0.5, 2.0)
 
 
+class WeightStream(_Strict):
+    """A layer that multiplies one row by a weight matrix (`streams_weights`: a classifier,
+    a linear layer at one position) does little besides reading its weights once per run,
+    so it runs at the speed they arrive: from the caches where the model's weights all stay
+    there between runs, from memory where they do not.  Its price is the table's (whose
+    rows hold the resident speed, `resident_rate`) plus its weights' megabytes times
+    `rate(W) - resident_ms_per_mb`, where W is the model's weight bytes (`weight_bytes`;
+    its activations live in buffers onnxruntime reuses) and the rate moves from
+    `resident_ms_per_mb` to `streamed_ms_per_mb` about `cache_bytes`, over `width`
+    e-folds of W."""
+    cache_bytes: PositiveFloat         # a model's weight bytes at the middle of the change
+    width: PositiveFloat               # the change's width, in e-folds of weight bytes
+    resident_ms_per_mb: NonNegativeFloat
+    streamed_ms_per_mb: NonNegativeFloat
+
+    def rate(self, weights: float) -> float:
+        """Milliseconds per megabyte of weights read in a model of `weights` bytes."""
+        x = (math.log(max(weights, 1.0)) - math.log(self.cache_bytes)) / self.width
+        share = 1.0 / (1.0 + math.exp(-min(max(x, -50.0), 50.0)))
+        return self.resident_ms_per_mb + (self.streamed_ms_per_mb - self.resident_ms_per_mb) * share
+
+    def extra_ms(self, layer: LayerSpec, weights: float) -> float:
+        """What `layer` costs beyond its resident price in a model of `weights` weight bytes
+        (0 for a layer that does not stream its weights)."""
+        if not streams_weights(layer):
+            return 0.0
+        return layer.params * layer.w_bits / 8e6 * (self.rate(weights) - self.resident_ms_per_mb)
+
+
+def streams_weights(layer: LayerSpec) -> bool:
+    """Whether `layer` is a product of one row with a float weight matrix (`WeightStream`)."""
+    return (layer.op == "linear" and layer.out_hw[0] * layer.out_hw[1] == 1 and layer.groups == 1
+            and layer.w_bits == 32 and not layer.dequantized)
+
+
+def weight_bytes(layers: Sequence[LayerSpec]) -> float:
+    """A model's weights, in bytes."""
+    return sum(layer.params * layer.w_bits for layer in layers) / 8
+
+
 class Overhead(_Strict):
     per_model_ms: NonNegativeFloat = 0.0  # fixed cost of one inference run
     per_layer_ms: float = 0.0             # added to every priced layer
     per_kernel_ms: dict[str, float] = {}  # kernel group (`kernel_group`) -> added to each of its layers
     working_set: Optional[WorkingSet] = None
+    weight_stream: Optional[WeightStream] = None
 
 
 def working_set_bytes(layers: Sequence[LayerSpec]) -> float:
@@ -827,6 +868,15 @@ class LutDevice(CostModel):
         factor = working_set_factor(self.spec.overhead.working_set, layers)
         if factor != 1.0:
             report.costs = [LayerCost(c.latency_ms * factor, c.energy_mj, c.mapping) for c in report.costs]
+        stream = self.spec.overhead.weight_stream
+        if stream is not None:
+            weights = weight_bytes(layers)
+            for i, layer in enumerate(layers):
+                extra = stream.extra_ms(layer, weights)
+                cost = report.costs[i]
+                if extra > 0 and cost.mapping != "unsupported":
+                    report.costs[i] = LayerCost(cost.latency_ms + extra, cost.energy_mj,
+                                                f"{cost.mapping} + weights streamed")
         run = self.spec.overhead.per_model_ms
         if report.costs and run:
             first = report.costs[0]

@@ -336,6 +336,33 @@ def test_a_working_set_scales_a_models_kernels_but_not_its_run_overhead(rows):
     assert steep.estimate(small).latency_ms == pytest.approx(2.0 * device(rows).estimate(small).latency_ms)
 
 
+def test_a_classifier_reads_its_weights_from_the_caches_in_a_small_model_and_from_memory_in_a_large_one(rows):
+    from dataclasses import replace
+
+    from nasctl.hardware.lut import WeightStream, streams_weights, weight_bytes
+
+    head = LayerSpec("linear", 1280, 1000, (1, 1), (1, 1), bias=True)  # a 5.1 MB classifier
+    assert streams_weights(head)
+    assert not streams_weights(LayerSpec("linear", 1280, 1000, (16, 1), (16, 1)))  # 16 rows: compute, not reading
+    assert not streams_weights(replace(head, w_bits=8, a_bits=8)) and not streams_weights(conv(64, 64, 8))
+    table = rows + [row_from_layer(head, 0.1)]  # its resident time
+    stream = {"cache_bytes": 10e6, "width": 0.2, "resident_ms_per_mb": 0.02, "streamed_ms_per_mb": 0.045}
+    plain, streaming = device(table), device(table, overhead={"weight_stream": stream})
+    small = [layer_from_row(r) for r in rows[:3]] + [head]  # 5.2 MB of weights
+    large = [conv(512, 512, 8)] * 3 + [head]  # 33 MB
+    assert weight_bytes(small) < 6e6 and weight_bytes(large) > 30e6
+    mb = head.params * 4 / 1e6
+    for layers, least, most in ((small, 0.0, 0.05), (large, 0.95, 1.0)):  # share of the way to memory speed
+        got, want = streaming.estimate(layers), plain.estimate(layers)
+        extra = got.costs[-1].latency_ms - want.costs[-1].latency_ms
+        assert least * mb * 0.025 <= extra <= most * mb * 0.025
+        assert extra == pytest.approx(mb * (WeightStream(**stream).rate(weight_bytes(layers)) - 0.02))
+        assert [c.latency_ms for c in got.costs[:-1]] == [c.latency_ms for c in want.costs[:-1]]
+        assert got.costs[-1].mapping == "table + weights streamed"
+    # the same classifier costs about twice as much in the large model as in the small one
+    assert streaming.estimate(large).costs[-1].latency_ms > 1.9 * streaming.estimate(small).costs[-1].latency_ms
+
+
 def test_a_working_set_without_a_positive_reference_is_refused_in_one_line(tmp_path, rows):
     from nasctl.hardware.loader import load_device
 

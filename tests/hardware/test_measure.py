@@ -515,6 +515,48 @@ def test_large_context_networks_fit_the_slope_but_stay_out_of_the_table():
     assert fitted.device().estimate(layers).latency_ms == pytest.approx(0.01 + sum(base) * slow(layers), rel=0.06)
 
 
+def test_the_profile_fits_where_a_classifier_reads_its_weights_from_memory():
+    # Networks of two convs, a classifier of 1-5 MB and, in some, a large conv: the
+    # classifier reads its weights at 0.02 ms/MB where the network's weights (all of them)
+    # are under 10 MB, at 0.045 ms/MB beyond.  The fitted device prices a classifier right
+    # in a small model and in a large one.
+    from nasctl.hardware.lut import weight_bytes
+    from nasctl.hardware.measure.attribution import MeasuredNetwork
+    from nasctl.hardware.measure.profile import fit_profile
+
+    rng = np.random.default_rng(3)
+
+    def network(classes, extra_channels):
+        layers = [LayerSpec("conv", 16, 16, (16, 16), (16, 16), (3, 3), name="k0:conv"),
+                  LayerSpec("conv", 256, 256, (4, 4), (4, 4), (3, 3), name="k1:conv")]  # 2.4 MB
+        if extra_channels:
+            layers.append(LayerSpec("conv", extra_channels, extra_channels, (4, 4), (4, 4), (3, 3), name="k2:conv"))
+        layers.append(LayerSpec("linear", 1024, classes, (1, 1), (1, 1), bias=True, name="k3:gemm"))
+        rate = 0.02 if weight_bytes(layers) < 10e6 else 0.045
+        ms = [2e-3 + layer.macs * 1e-8 for layer in layers[:-1]] + [3e-3 + layers[-1].params * 4e-6 * rate]
+        return layers, ms
+
+    nets = []
+    for i in range(60):
+        layers, ms = network(int(rng.choice([250, 500, 1000, 1250])), int(rng.choice([0, 1024])))
+        nets.append(MeasuredNetwork(f"net {i}", layers, ms, [1.0] * len(ms), 0.01 + sum(ms)))
+    fitted = fit_profile("cpu-local", nets, {}, [0] * len(nets), [[1.0]])
+    stream = fitted.spec["overhead"]["weight_stream"]
+    assert 7.5e6 < stream["cache_bytes"] < 40e6  # between the small networks and the large ones
+    assert stream["resident_ms_per_mb"] == pytest.approx(0.02 + 3e-3 / 5, rel=0.3)
+    assert stream["streamed_ms_per_mb"] == pytest.approx(0.045 + 3e-3 / 5, rel=0.3)
+    device, without = fitted.device(), fitted.device()
+    without.spec = without.spec.model_copy(update={"overhead": without.spec.overhead.model_copy(
+        update={"weight_stream": None})})
+    for extra in (0, 1024):  # 6.5 MB and 44 MB of weights
+        layers, ms = network(1000, extra)
+        assert device.estimate(layers).costs[-1].latency_ms == pytest.approx(ms[-1], rel=0.12)
+    small, large = network(1000, 0), network(1000, 1024)
+    # the table holds the resident time: without the reading from memory, a large model's is priced at half
+    assert without.estimate(small[0]).costs[-1].latency_ms == pytest.approx(small[1][-1], rel=0.1)
+    assert without.estimate(large[0]).costs[-1].latency_ms < 0.6 * large[1][-1]
+
+
 def test_some_context_networks_are_tiny():
     descriptions = [random_network(np.random.default_rng(k))[1] for k in range(60)]
     assert 2 <= sum("tiny" in d for d in descriptions) <= 20

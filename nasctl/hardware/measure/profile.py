@@ -213,6 +213,9 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
             "ms": [round(float(measured[i].latency_ms), 6) for i in picked]}
     done = sum(len(m.layers) for m in measured)
     costs, norm = in_context_costs(measured)
+    stream, stream_how = weight_stream(measured, costs)
+    if stream is not None:  # the table holds what such layers cost with the weights in the caches
+        costs = [resident_costs(stream, m.layers, ts) for m, ts in zip(measured, costs)]
     rows = []
     for i, (m, ts) in enumerate(zip(measured, costs)):
         if m.description.startswith(LARGE_PREFIX):
@@ -243,7 +246,9 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
         where, by = measurement.get("machine", {}).get("cpu") or "the target", "a `nasctl hw bundle` runner"
     fitted = fit_from_lut(name, rows, description=f"onnxruntime CPU on {where}, {threads} thread(s), measured by {by}",
                           extra={"measurement": measurement, "energy": energy,
-                                 "overhead": {"per_model_ms": norm["run_overhead_ms"], "per_layer_ms": 0.0}})
+                                 "overhead": {"per_model_ms": norm["run_overhead_ms"], "per_layer_ms": 0.0,
+                                              **({"weight_stream": stream} if stream is not None else {})}})
+    fitted.spec["fit"]["weight_stream"] = stream_how
     offsets, working_set, how = kernel_offsets(name, rows, measured, fitted.spec)
     fitted.spec["overhead"]["per_kernel_ms"] = offsets
     if working_set is not None:
@@ -259,6 +264,73 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
                                        "reference_ms": [list(map(float, r)) for r in reference_ms],
                                        "networks": [m.to_dict() for m in raw]}
     return fitted
+
+
+STREAM_MIN_BYTES = 0.8e6  # layers streaming at least this many weight bytes time the rate (`weight_stream`)
+STREAM_MAX_SHARE = 0.8  # ... and at most this share of their network's weight bytes
+STREAM_SIDE = 5  # the fewest such layers on each side of the change
+STREAM_WIDTH = 0.2  # the change's width, in e-folds of a model's weight bytes (`lut.WeightStream`)
+
+
+def weight_stream(measured: Sequence[MeasuredNetwork], costs: Sequence[np.ndarray]) -> tuple[Optional[dict], dict]:
+    """The speed at which layers that stream their weights (`lut.streams_weights`) read
+    them, by the weight bytes of the network around them (`lut.WeightStream`, as
+    `overhead.weight_stream` holds it, or None where the networks show no change), and how
+    it was fitted.
+
+    Such a layer of at least STREAM_MIN_BYTES of weights is timed by their reading: its
+    in-context time per megabyte is one rate in networks whose weights stay in the caches
+    between runs and a higher one in networks whose weights do not.  A layer that holds
+    more than STREAM_MAX_SHARE of its network's weights is left out: what else passes
+    through the caches between its runs is then too little for the network's weight
+    bytes to tell (such layers of 13-20 MB ran at 0.024-0.031 ms/MB in networks where
+    layers of 1-5 MB among others ran at 0.03-0.05).  The change is fitted
+    as a step (the split of the layers, ordered by their network's weight bytes, with the
+    least absolute deviation from each side's median; at least STREAM_SIDE layers a side),
+    widened to STREAM_WIDTH e-folds.  Seen on a 32 MB-L3 machine: 0.02 ms/MB up to about
+    8 MB of a network's weights, 0.043 ms/MB beyond; a table that averages the two prices a
+    small model's 1000-class classifier at twice its time and a large one's at 0.65x."""
+    from ..lut import streams_weights, weight_bytes
+
+    points = []
+    for m, ts in zip(measured, costs):
+        weights = weight_bytes(m.layers)
+        for layer, ms in zip(m.layers, ts):
+            size = layer.params * layer.w_bits / 8
+            if streams_weights(layer) and STREAM_MIN_BYTES <= size <= STREAM_MAX_SHARE * weights and ms > 0:
+                points.append((weights, ms / (size / 1e6)))
+    how = {"layers": len(points), "min_weight_bytes": STREAM_MIN_BYTES, "max_share": STREAM_MAX_SHARE,
+           "width": STREAM_WIDTH}
+    if len(points) < 2 * STREAM_SIDE:
+        return None, {**how, "note": f"not fitted: {len(points)} layers stream their weights "
+                                     f"(fewer than {2 * STREAM_SIDE})"}
+    points.sort()
+    size = np.array([p[0] for p in points])
+    rate = np.array([p[1] for p in points])
+    best = None
+    for i in range(STREAM_SIDE, len(points) - STREAM_SIDE + 1):
+        if size[i - 1] == size[i]:
+            continue
+        low, high = float(np.median(rate[:i])), float(np.median(rate[i:]))
+        loss = float(np.abs(rate[:i] - low).sum() + np.abs(rate[i:] - high).sum())
+        if best is None or loss < best[0]:
+            best = (loss, float(np.sqrt(size[i - 1] * size[i])), low, high, i)
+    if best is None or best[3] <= best[2]:
+        return None, {**how, "note": "not fitted: the layers run no slower in networks of more weights"}
+    _, cache, low, high, i = best
+    return ({"cache_bytes": round(cache, 1), "width": STREAM_WIDTH, "resident_ms_per_mb": round(low, 6),
+             "streamed_ms_per_mb": round(high, 6)}, {**how, "resident_layers": i, "streamed_layers": len(points) - i})
+
+
+def resident_costs(stream: dict, layers: Sequence, ms: np.ndarray) -> np.ndarray:
+    """In-context times `ms` of a network's `layers` with what its layers that stream their
+    weights (`lut.streams_weights`) paid for reading them from memory taken off (at most
+    four fifths of one's time): what they cost with the weights in the caches."""
+    from ..lut import WeightStream, weight_bytes
+
+    model, weights = WeightStream(**stream), weight_bytes(layers)
+    extra = np.array([model.extra_ms(layer, weights) for layer in layers])
+    return np.maximum(np.asarray(ms, dtype=float) - extra, 0.2 * np.asarray(ms, dtype=float))
 
 
 def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredNetwork], spec: dict,
