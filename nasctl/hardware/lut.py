@@ -42,7 +42,9 @@ end-to-end measurements (`nasctl.hardware.fit`, `nasctl.hardware.measure.profile
 `overhead.working_set` (fitted by `hw profile`) scales a model's kernel costs with the
 size of its weights and activations (`WorkingSet`): the same kernel runs slower in a
 large model, whose tensors have left the caches by the time it runs again, than in a
-small one.  With
+small one.  `overhead.weight_stream` (fitted by `hw profile`, `WeightStream`) adds to a
+layer that multiplies one row by its weights (a classifier) what reading them from memory
+instead of the caches costs in a model of its weight bytes.  With
 no energy column the device models latency only (`models_energy: false`).
 """
 
@@ -99,7 +101,7 @@ class WeightStream(_Strict):
     a linear layer at one position) does little besides reading its weights once per run,
     so it runs at the speed they arrive: from the caches where the model's weights all stay
     there between runs, from memory where they do not.  Its price is the table's (whose
-    rows hold the resident speed, `resident_rate`) plus its weights' megabytes times
+    rows hold the resident speed, `resident_ms_per_mb`) plus its weights' megabytes times
     `rate(W) - resident_ms_per_mb`, where W is the model's weight bytes (`weight_bytes`;
     its activations live in buffers onnxruntime reuses) and the rate moves from
     `resident_ms_per_mb` to `streamed_ms_per_mb` about `cache_bytes`, over `width`
