@@ -146,7 +146,7 @@ class Overhead(_Strict):
 
 def working_set_bytes(layers: Sequence[LayerSpec]) -> float:
     """A model's working set: its weights and the activations its layers write, in bytes."""
-    return sum(layer.params * layer.w_bits + layer.out_elems * layer.a_bits for layer in layers) / 8  # bits to bytes
+    return weight_bytes(layers) + sum(layer.out_elems * layer.a_bits for layer in layers) / 8  # bits to bytes
 
 
 def working_set_factor(working_set: Optional[WorkingSet], layers: Sequence[LayerSpec]) -> float:
