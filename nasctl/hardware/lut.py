@@ -9,20 +9,24 @@ documented in `nasctl.hardware.fit` and `nasctl hw fit --help`.
 
 Pricing a layer: a row with the layer's exact shape (`LayerSpec.shape_key`) gives its
 cost as stored; any other layer is priced by a regressor fitted (the first time the device
-needs it) to the rows of its kernel type (the op; convs split into dense, grouped and depthwise; adds
-into a conv's residual sums - `fn` sum, accumulated into the conv's output - and the others; quantized
-kernels apart from float ones, and those that run dequantized apart again - priced as
-fused ones where the table has none, or only kernels of less than an eighth of the
-layer's work, and then as float kernels, likewise; grouped convs as dense ones and residual
-sums as adds where the table has none of them) on log-scale features - MACs, elements
-read and written, weights, channels, positions, kernel area, stride, groups, bit widths, channel
-alignment to vector blocks and the activation.  Predictions are of log latency, so
-prices are always positive.  The spec names each type's regressor (`regressors:`,
-chosen by `nasctl hw fit` / `hw profile` by cross-validated error):
+needs it) to the rows of its kernel type (the op; convs split into dense, grouped and
+depthwise, and depthwise ones of channels not a multiple of 4 apart again - onnxruntime
+runs them channel by channel, each channel a kernel call with its fixed cost; adds into a
+conv's residual sums - `fn` sum, accumulated into the conv's output - and the others;
+quantized kernels apart from float ones, and those that run dequantized apart again -
+priced as fused ones where the table has none, or only kernels of less than an eighth of
+the layer's work, and then as float kernels, likewise; grouped convs as dense ones,
+channel-by-channel depthwise convs as the others and residual sums as adds where the table
+has none of them) on log-scale features - MACs, elements read and written, weights,
+channels, positions, kernel area, stride, groups, bit widths, channel alignment to vector
+blocks and the activation.  Predictions are of log latency, so prices are always
+positive.  The spec names each type's regressor (`regressors:`, chosen by `nasctl hw fit`
+/ `hw profile` by cross-validated error):
 
-  additive  latency = a non-negative mix of a fixed cost, MACs, elements moved, weights,
-            an unfused activation's extra pass and, for a batched product of two
-            activations, one fixed cost per product (few rows, or costs linear in work);
+  additive  latency = a non-negative mix of a fixed cost per kernel call, MACs, elements
+            moved, weights, an unfused activation's extra pass and, for a batched product
+            of two activations, one fixed cost per product (few rows, or costs linear in
+            work);
   ridge     a regularised log-log linear model;
   boost     gradient-boosted trees predicting the log of the time per unit of work;
   nearest   the time per unit of work of the 5 most similar measured kernels.
@@ -269,44 +273,67 @@ _FN_IS_THE_OP = frozenset({"act", "pool", "norm", "data", "resize"})
 
 def kernel_type(layer: LayerSpec) -> str:
     """What a regressor is fitted per: the op, convs split into dense, grouped and
-    depthwise, residual sums a conv accumulates (`add` with fn `sum`) apart from other
-    adds, and the bit widths where they are not float32 (quantized kernels are other
-    kernels, and those that run dequantized others again)."""
+    depthwise (and depthwise convs run channel by channel, `_plain_depthwise`), residual
+    sums a conv accumulates (`add` with fn `sum`) apart from other adds, and the bit widths
+    where they are not float32 (quantized kernels are other kernels, and those that run
+    dequantized others again)."""
     return _type_of(layer.op, layer.groups, layer.in_ch, layer.w_bits, layer.a_bits, layer.dequantized, layer.fn)
 
 
 def kernel_group(layer: LayerSpec) -> str:
     """What a per-kernel offset (`overhead.per_kernel_ms`) is fitted per: the kernel type
     (`kernel_type`), whatever the bit widths."""
-    return _type_of(layer.op, layer.groups, layer.in_ch, 32, 32, False, layer.fn)
+    return _name_of(layer.op, layer.groups, layer.in_ch, layer.w_bits, layer.a_bits, layer.dequantized, layer.fn)
 
 
 def _type_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequantized: bool, fn: str = "") -> str:
-    # A grouped conv (1 < groups < channels: ResNeXt, RegNet) is a kernel of its own: a
-    # runtime's blocked-layout conv takes it only where each group holds whole vector
-    # blocks, else it runs group by group (onnxruntime: 3x the time per MAC of a dense conv
-    # for groups of 8 channels on AVX-512).  A residual sum that the conv before it
-    # accumulates into its output (onnxruntime runs no node of its own for it) is another
-    # kernel than a stand-alone add: measured in context it costs next to nothing.
-    # An 8-bit max pool run in a plain channels-first kernel (`MAX_NCHW`) is another kernel
-    # than one in the integer convs' channels-last layout: about 30x its time per element.
-    if op == "conv" and groups != 1:
-        name = "conv_dw" if groups == in_ch else "conv_g"
-    elif op == "add" and fn == SUM:
-        name = "add_sum"
-    elif op == "pool" and fn == MAX_NCHW:
-        name = "pool_nchw"
-    else:
-        name = op
+    name = _name_of(op, groups, in_ch, w_bits, a_bits, dequantized, fn)
     if (w_bits, a_bits) == (32, 32):
         return name
     return f"{name}_w{w_bits}a{a_bits}" + ("_dq" if dequantized else "")
 
 
+# A float depthwise conv runs in a blocked-layout kernel only where its channels are a
+# multiple of this; else channel by channel (`_plain_depthwise`).
+DEPTHWISE_ALIGN = 4
+
+
+def _plain_depthwise(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequantized: bool) -> bool:
+    """A float depthwise conv (a dequantized one too: it runs the float kernel) whose
+    channels are not a multiple of DEPTHWISE_ALIGN.  onnxruntime runs it in its plain
+    channels-first conv, one im2col and GEMM per channel: a fixed cost per channel (about
+    0.4 µs here) besides the work, 3-10x the time of an aligned one at 28x28 (58 channels:
+    0.098 ms, against 0.030 ms for 56 or 60)."""
+    return (op == "conv" and groups > 1 and groups == in_ch and in_ch % DEPTHWISE_ALIGN != 0
+            and ((w_bits, a_bits) == (32, 32) or dequantized))
+
+
+def _name_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequantized: bool, fn: str = "") -> str:
+    # A grouped conv (1 < groups < channels: ResNeXt, RegNet) is a kernel of its own: a
+    # runtime's blocked-layout conv takes it only where each group holds whole vector
+    # blocks, else it runs group by group (onnxruntime: 3x the time per MAC of a dense conv
+    # for groups of 8 channels on AVX-512).  So is a depthwise conv run channel by channel
+    # (`_plain_depthwise`).  A residual sum that the conv before it accumulates into its
+    # output (onnxruntime runs no node of its own for it) is another kernel than a
+    # stand-alone add: measured in context it costs next to nothing.
+    # An 8-bit max pool run in a plain channels-first kernel (`MAX_NCHW`) is another kernel
+    # than one in the integer convs' channels-last layout: about 30x its time per element.
+    if op == "conv" and groups != 1:
+        if _plain_depthwise(op, groups, in_ch, w_bits, a_bits, dequantized):
+            return "conv_dw_nchw"
+        return "conv_dw" if groups == in_ch else "conv_g"
+    if op == "add" and fn == SUM:
+        return "add_sum"
+    if op == "pool" and fn == MAX_NCHW:
+        return "pool_nchw"
+    return op
+
+
 # Kernel types a table without rows of their own prices from another's: grouped convs from
-# dense ones, residual sums from stand-alone adds, plain-kernel 8-bit max pools from the
-# others (tables made before each was told apart).
-_FALLBACK_TYPES = (("conv_g", "conv"), ("add_sum", "add"), ("pool_nchw", "pool"))
+# dense ones, channel-by-channel depthwise convs from the others, residual sums from
+# stand-alone adds, plain-kernel 8-bit max pools from the others (tables made before each
+# was told apart).
+_FALLBACK_TYPES = (("conv_g", "conv"), ("conv_dw_nchw", "conv_dw"), ("add_sum", "add"), ("pool_nchw", "pool"))
 
 
 def _as_max(layer: LayerSpec) -> LayerSpec:
@@ -372,12 +399,27 @@ def _products(layer: LayerSpec) -> int:
 TERMS = 6
 
 
-def _terms(layers: Sequence[LayerSpec]) -> np.ndarray:
-    """The physical terms of an `additive` regressor: a fixed cost, MACs, elements moved,
-    weights, the output again for an activation the kernel does not fuse, and the matrix
-    products of a batched product (`_products`)."""
-    return np.array([[1.0, l.macs, l.in_elems + l.out_elems, l.params, l.out_elems * (l.fn in _UNFUSED),
-                      _products(l)] for l in layers], dtype=float).reshape(len(layers), TERMS)
+def _calls(layer: LayerSpec, per_channel: bool = True) -> int:
+    """The kernel calls a layer's kernel makes, each with its fixed cost: with
+    `per_channel`, one per channel for a depthwise conv run channel by channel
+    (`_plain_depthwise`); else one.  A regressor fitted to other kernels (which prices such
+    a conv where the table has none) counts one (`_per_channel`)."""
+    plain = per_channel and _plain_depthwise(layer.op, layer.groups, layer.in_ch, layer.w_bits, layer.a_bits,
+                                             layer.dequantized)
+    return layer.groups if plain else 1
+
+
+def _per_channel(layers: Sequence[LayerSpec]) -> bool:
+    """Whether a regressor fitted to these layers counts a call per channel (`_calls`)."""
+    return any(_calls(l) > 1 for l in layers)
+
+
+def _terms(layers: Sequence[LayerSpec], per_channel: bool = True) -> np.ndarray:
+    """The physical terms of an `additive` regressor: a fixed cost per kernel call
+    (`_calls`), MACs, elements moved, weights, the output again for an activation the
+    kernel does not fuse, and the matrix products of a batched product (`_products`)."""
+    return np.array([[float(_calls(l, per_channel)), l.macs, l.in_elems + l.out_elems, l.params,
+                      l.out_elems * (l.fn in _UNFUSED), _products(l)] for l in layers], dtype=float).reshape(len(layers), TERMS)
 
 
 # --- regressors (log latency from layers; fitted on first use, nothing pickled) ----
@@ -423,19 +465,21 @@ class _Additive:
         scale = A.max(axis=0)
         scale[scale == 0] = 1.0
         self.w = nnls(A / scale / t[:, None], np.ones(len(t)), maxiter=1000)[0] / scale
+        self.per_channel = _per_channel(layers)
         return self
 
     @property
     def state(self) -> dict:
-        return {"w": self.w.tolist()}
+        return {"w": self.w.tolist(), "per_channel": self.per_channel}
 
     def restore(self, state: dict):
         # weights saved before a term was added price without it (weight 0)
         self.w = np.pad(np.array(state["w"], dtype=float), (0, max(0, TERMS - len(state["w"]))))
+        self.per_channel = bool(state.get("per_channel", False))
         return self
 
     def predict(self, layers):
-        return np.log(np.maximum(_terms(layers) @ self.w, 1e-9))
+        return np.log(np.maximum(_terms(layers, self.per_channel) @ self.w, 1e-9))
 
 
 class _Boost:
@@ -451,16 +495,18 @@ class _Boost:
         model = GradientBoostingRegressor(loss="absolute_error", n_estimators=300, learning_rate=0.1, max_depth=5,
                                           min_samples_leaf=3, random_state=0)
         fixed = _fixed_work(layers, y)
-        target = y - np.log(_work(layers) + fixed)
-        return self.restore({**trees.export(model.fit(features(layers), target)), "fixed_work": fixed})
+        target = y - np.log(_work(layers, fixed))
+        return self.restore({**trees.export(model.fit(features(layers), target)), "fixed_work": fixed,
+                             "per_channel": _per_channel(layers)})
 
     def restore(self, state: dict):
         self.state, self.ensemble = state, trees.Ensemble(state)
         self.fixed = float(state.get("fixed_work", 0.0))  # 0 in regressors saved before it was fitted
+        self.per_channel = bool(state.get("per_channel", False))
         return self
 
     def predict(self, layers):
-        return np.log(_work(layers) + self.fixed) + self.ensemble.predict(features(layers))
+        return np.log(_work(layers, self.fixed, self.per_channel)) + self.ensemble.predict(features(layers))
 
 
 class _Nearest:
@@ -479,7 +525,8 @@ class _Nearest:
         self.sd[self.sd == 0] = 1.0
         self.Z = (X - self.mu) / self.sd
         self.fixed = _fixed_work(layers, y) if fixed is None else float(fixed)
-        self.rate = y - np.log(_work(layers) + self.fixed)
+        self.rate = y - np.log(_work(layers, self.fixed))
+        self.per_channel = _per_channel(layers)
         return self
 
     @property
@@ -492,16 +539,20 @@ class _Nearest:
         k = min(self.k, len(self.Z))
         idx = np.argsort(d, axis=1)[:, :k]
         w = 1.0 / (np.take_along_axis(d, idx, 1) + 1e-3)
-        return np.log(_work(layers) + self.fixed) + (w * self.rate[idx]).sum(1) / w.sum(1)
+        return np.log(_work(layers, self.fixed, self.per_channel)) + (w * self.rate[idx]).sum(1) / w.sum(1)
 
 
-def _work(layers: Sequence[LayerSpec]) -> np.ndarray:
-    return np.array([max(_padded_macs(l) if l.macs else l.in_elems + l.out_elems, 1) for l in layers], dtype=float)
+def _work(layers: Sequence[LayerSpec], fixed: float = 0.0, per_channel: bool = True) -> np.ndarray:
+    """Each layer's work (MACs with channels padded to vector blocks, else elements moved),
+    plus `fixed` work for each of its kernel calls (`_calls`)."""
+    return np.array([max(_padded_macs(l) if l.macs else l.in_elems + l.out_elems, 1) + fixed * _calls(l, per_channel)
+                     for l in layers], dtype=float)
 
 
 def _fixed_work(layers: Sequence[LayerSpec], y: np.ndarray) -> float:
-    """A kernel type's fixed cost per call in units of its work: `time ≈ a + r x work`
-    fitted to the rows (non-negative, least squares on relative errors), `a / r`.
+    """A kernel type's fixed cost per kernel call (`_calls`: one per layer but for a
+    depthwise conv run channel by channel) in units of its work: `time ≈ a x calls + r x
+    work` fitted to the rows (non-negative, least squares on relative errors), `a / r`.
 
     A small kernel's time is mostly that fixed cost, so its time per unit of work falls
     steeply with its size; trees and neighbours, which hold the rate of similar measured
@@ -513,8 +564,9 @@ def _fixed_work(layers: Sequence[LayerSpec], y: np.ndarray) -> float:
     work, t = _work(layers), np.exp(np.asarray(y, dtype=float))
     if len(t) < 2:
         return 0.0
-    scale = np.array([1.0, work.max()])
-    a, r = nnls(np.c_[np.ones(len(t)), work / scale[1]] / t[:, None], np.ones(len(t)), maxiter=1000)[0] / scale
+    calls = np.array([_calls(l) for l in layers], dtype=float)
+    scale = np.array([calls.max(), work.max()])
+    a, r = nnls(np.c_[calls / scale[0], work / scale[1]] / t[:, None], np.ones(len(t)), maxiter=1000)[0] / scale
     return float(min(a / r, np.median(work))) if r > 0 else float(np.median(work))
 
 
@@ -573,17 +625,18 @@ def _saved_doc(table: Optional[Path]) -> Optional[dict]:
         digest = hashlib.sha256(Path(table).read_bytes()).hexdigest()
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("format") not in (1, 3, 4, 5) or data.get("table") != digest:
+    if not isinstance(data, dict) or data.get("format") not in (1, 3, 4, 5, 6) or data.get("table") != digest:
         return None
-    if data["format"] < 5:  # written before grouped convs were a kernel type of their own
-        data = _without_grouped_split(data)
+    if data["format"] < 6:  # written before grouped convs (5) or channel-by-channel depthwise ones (6) were types
+        data = _retyped(data)
     return data
 
 
-def _without_grouped_split(data: dict) -> dict:
-    """A `regressors.json` of format 4 or older, read as format 5: its kernels' types taken
-    again (grouped convs were then among the dense ones), and the regressors of the types
-    that lose rows to grouped convs dropped (fitted again when first needed)."""
+def _retyped(data: dict) -> dict:
+    """A `regressors.json` of format 5 or older, read as format 6: its kernels' types taken
+    again (grouped convs were among the dense ones before format 5, depthwise convs run
+    channel by channel among the others before 6), and the regressors of the types whose
+    rows changed dropped (fitted again when first needed)."""
     merged = data.get("merged")
     if not merged:
         return {**data, "types": {k: v for k, v in data.get("types", {}).items() if not k.startswith("conv")}}
@@ -765,7 +818,7 @@ class LutDevice(CostModel):
         merged = [(k, r) for k in self._rows for r in self._rows[k]]
         columns = [c for c in (*LUT_COLUMNS, *OPTIONAL_COLUMNS) if all(c in r for _, r in merged)]
         largest = {k: self._largest_work(k) for k in self._rows}
-        path.write_text(json.dumps({"format": 5, "table": self._table_hash(), "targets": self.targets,
+        path.write_text(json.dumps({"format": 6, "table": self._table_hash(), "targets": self.targets,
                                     "types": types, "largest": largest,
                                     "merged": {"columns": {c: [r[c] for _, r in merged] for c in columns},
                                                "types": [k for k, _ in merged]}}),

@@ -177,7 +177,7 @@ def test_fitted_regressors_are_saved_beside_the_table_and_reused_only_for_it(tmp
     assert loaded.estimate(unseen).latency_ms == pytest.approx(fitted.latency_ms, rel=1e-9)
     # the table's distinct kernels come from the saved file too (faster than the CSV), as the CSV gives them
     from_csv = device(read_lut(tmp_path / "lut.csv"), **spec)
-    assert saved["format"] == 5 and loaded._exact == from_csv._exact
+    assert saved["format"] == 6 and loaded._exact == from_csv._exact
     assert sorted(loaded._rows) == sorted(from_csv._rows)
     assert all(loaded._rows[k] == from_csv._rows[k] for k in from_csv._rows)
     # so is the largest kernel of each type (what decides whether a type covers a layer)
@@ -407,6 +407,67 @@ def test_grouped_convs_are_a_kernel_type_of_their_own_priced_from_dense_convs_wh
     assert both.estimate([plain]).latency_ms == pytest.approx(dense_only.estimate([plain]).latency_ms)
 
 
+def depthwise_rows(channels, sizes, ms_of, kernels=(3, 5), strides=(1, 2)):
+    """Depthwise convs of these channel counts and input sizes, costing `ms_of(layer)` with 3% noise."""
+    rng = np.random.default_rng(2)
+    layers = [conv(c, c, hw, k=k, stride=s, groups=c, fn="") for c in channels for hw in sizes for k in kernels
+              for s in strides]
+    return [row_from_layer(l, ms_of(l) * rng.uniform(0.97, 1.03)) for l in layers]
+
+
+def per_channel(layer):
+    """A depthwise conv run channel by channel: 0.4 µs a channel + 0.2 ns per MAC."""
+    return 4e-4 * layer.groups + 2e-7 * layer.macs
+
+
+def blocked(layer):
+    """An aligned depthwise conv: 1 µs a call + 0.05 ns per MAC."""
+    return 1e-3 + 5e-8 * layer.macs
+
+
+def test_depthwise_convs_run_channel_by_channel_are_a_kernel_type_of_their_own(rows):
+    """onnxruntime runs a float depthwise conv whose channels are not a multiple of 4 one
+    channel at a time (58 channels at 28x28: 3x the time of 56 or 60): such convs are priced
+    from their own rows; a table without any prices them as the other depthwise convs, with
+    their offset.  An int8 one runs the integer kernel (its offset is the depthwise one);
+    a dequantized one runs the float kernel."""
+    from dataclasses import replace
+
+    from nasctl.hardware.lut import kernel_group, kernel_type
+
+    odd, even = conv(58, 58, 28, groups=58, fn=""), conv(56, 56, 28, groups=56, fn="")
+    assert kernel_type(odd) == kernel_group(odd) == "conv_dw_nchw" and kernel_type(even) == "conv_dw"
+    int8 = conv(58, 58, 28, groups=58, bits=8, fn="")
+    assert kernel_type(int8) == "conv_dw_w8a8" and kernel_group(int8) == "conv_dw"
+    dequantized = replace(int8, dequantized=True)
+    assert kernel_type(dequantized) == "conv_dw_nchw_w8a8_dq" and kernel_group(dequantized) == "conv_dw_nchw"
+    aligned = depthwise_rows((16, 32, 64, 96), (7, 14, 28, 56), blocked)
+    offsets = {"per_layer_ms": 0.0, "per_kernel_ms": {"conv_dw": 0.002}}
+    aligned_only = device(rows + aligned, overhead=offsets)
+    assert aligned_only.estimate([odd]).latency_ms == pytest.approx(blocked(odd) + 0.002, rel=0.15)
+    both = device(rows + aligned + depthwise_rows((6, 18, 30, 58, 90), (7, 14, 28), per_channel), overhead=offsets)
+    assert both.estimate([odd]).latency_ms == pytest.approx(per_channel(odd), rel=0.15)
+    assert both.estimate([even]).latency_ms == pytest.approx(aligned_only.estimate([even]).latency_ms)
+
+
+@pytest.mark.parametrize("kind", ["additive", "nearest", "boost"])
+def test_a_depthwise_conv_run_channel_by_channel_pays_a_fixed_cost_per_channel(kind):
+    # Measured at 5-20 px, 58 channels at 28x28 and 162 at 40x40 (ShuffleNetV2's, ReXNet's)
+    # are priced within 15%: a channel's fixed cost is paid by every channel, and the time
+    # per unit of (work + fixed work) carries to larger inputs.  A fixed cost per layer
+    # would carry the small inputs' time per MAC and price them 1.1-2x high.
+    from nasctl.hardware.lut import _fixed_work, fit_regressor
+
+    seen = depthwise_rows((6, 9, 18, 30, 42, 90, 366, 906), (5, 7, 12, 20), per_channel)
+    layers = [layer_from_row(r) for r in seen]
+    values = np.array([r["latency_ms"] for r in seen])
+    assert _fixed_work(layers, np.log(values)) == pytest.approx(4e-4 / 2e-7, rel=0.1)
+    new = [conv(58, 58, 28, groups=58, fn=""), conv(162, 162, 40, groups=162, fn=""),
+           conv(58, 58, 56, stride=2, groups=58, fn="")]
+    model = fit_regressor(kind, layers, values)
+    assert np.exp(model.predict(new)) == pytest.approx([per_channel(l) for l in new], rel=0.15)
+
+
 def test_residual_sums_are_priced_apart_from_stand_alone_adds_and_as_adds_where_the_table_has_none(rows):
     """A conv's residual sum costs next to nothing in context (the conv accumulates it): its
     own rows price it, and the stand-alone adds keep theirs; a table without sums prices
@@ -465,6 +526,27 @@ def test_regressors_saved_before_grouped_convs_had_a_type_are_read_with_the_type
     assert "conv" not in old._saved and "add" in old._saved  # the conv regressor lost rows: fitted again
     fresh = device(read_lut(tmp_path / "lut.csv"), **spec)
     layers = [conv(48, 48, 16, groups=6), conv(48, 96, 24)]
+    assert old.estimate(layers).latency_ms == pytest.approx(fresh.estimate(layers).latency_ms, rel=1e-9)
+
+
+def test_regressors_saved_before_channel_by_channel_depthwise_convs_had_a_type_are_refitted(tmp_path, rows):
+    import json
+
+    from nasctl.hardware.fit import FittedDevice, write_device
+
+    spec = {"kind": "lut", "lut": "lut.csv", "regressors": {"conv": "boost", "conv_dw": "nearest"}}
+    table = rows + depthwise_rows((16, 32, 64), (7, 14, 28), blocked) + depthwise_rows((18, 58), (7, 14), per_channel)
+    write_device(tmp_path, FittedDevice("t", spec, table))
+    doc = json.loads((tmp_path / "regressors.json").read_text())
+    assert doc["format"] == 6 and "conv_dw_nchw" in doc["types"]
+    # as format 5 wrote it: all depthwise convs one type
+    doc.update(format=5, types={k: v for k, v in doc["types"].items() if k != "conv_dw_nchw"})
+    doc["merged"]["types"] = ["conv_dw" if t == "conv_dw_nchw" else t for t in doc["merged"]["types"]]
+    (tmp_path / "regressors.json").write_text(json.dumps(doc))
+    old = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
+    assert "conv_dw" not in old._saved and "conv" in old._saved  # conv_dw lost rows: fitted again
+    fresh = device(read_lut(tmp_path / "lut.csv"), **spec)
+    layers = [conv(58, 58, 28, groups=58, fn=""), conv(48, 48, 20, groups=48, fn=""), conv(48, 96, 24)]
     assert old.estimate(layers).latency_ms == pytest.approx(fresh.estimate(layers).latency_ms, rel=1e-9)
 
 
