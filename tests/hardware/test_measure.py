@@ -261,7 +261,7 @@ def test_a_full_profile_draws_every_tenth_context_network_large_and_a_quick_one_
     import nasctl.hardware.measure.profile as profile
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_LARGE
+    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_ODD
     nets = profile.context_networks(600, seed=7)
 
     def macs(model) -> int:
@@ -281,6 +281,37 @@ def test_a_full_profile_draws_every_tenth_context_network_large_and_a_quick_one_
     before_last = counted - len({m.group(1) for n in nets[small[-1]][0].graph.node if (m := TAG.search(n.name))})
     assert before_last < 600 <= counted  # the budget counts the small networks' kernels only
     assert not any(profile.is_large(i, profile.SEEDING_PLAIN) for i in range(len(nets)))
+
+
+def test_a_full_profile_draws_every_tenth_other_network_with_channel_counts_not_multiples_of_4(tmp_path, monkeypatch):
+    """onnxruntime runs a depthwise conv whose channels are not a multiple of 4 channel by
+    channel (`lut._plain_depthwise`); a full profile draws every tenth network (not a large
+    one) with channel counts of any integer, which hold such convs at every size.  Profiles
+    drawn before build the networks they measured: the others are the same networks."""
+    import nasctl.hardware.measure.profile as profile
+    from nasctl.hardware.lut import kernel_type
+    from nasctl.hardware.measure.context import odd_width_network
+
+    monkeypatch.setattr(profile, "LARGE_FROM", 100)
+    nets = profile.context_networks(400, seed=7)
+    odd = [i for i in range(len(nets)) if profile.is_odd_width(i, profile.SEEDING_ODD)]
+    assert odd and all(i % 10 == profile.ODD_AT for i in odd)
+    assert not any(profile.is_odd_width(i, s) for i in range(len(nets)) for s in (profile.SEEDING_LARGE,
+                                                                                   profile.SEEDING_PLAIN))
+    for i in odd:
+        model, description = nets[i]
+        assert description.startswith("odd-width ")
+        assert profile.context_network(7, i, profile.SEEDING_ODD)[0].SerializeToString() == model.SerializeToString()
+    plain_dw, widths = 0, []
+    for k in range(10):
+        onnx.save(odd_width_network(np.random.default_rng([7, k]))[0], str(tmp_path / "net.onnx"))
+        layers = import_onnx(tmp_path / "net.onnx").layers
+        plain_dw += sum(kernel_type(layer) == "conv_dw_nchw" for layer in layers)
+        widths += [layer.out_ch for layer in layers if layer.op == "conv"]
+    assert plain_dw >= 10 and np.mean([w % 4 != 0 for w in widths]) > 0.5
+    for i in (0, 1, 3, 5, 13):  # the other networks: as a profile drawn before drew them
+        assert profile.context_network(7, i, profile.SEEDING_ODD)[0].SerializeToString() == \
+            profile.context_network(7, i, profile.SEEDING_LARGE)[0].SerializeToString()
 
 
 def test_validation_tells_the_machines_speed_by_context_networks_the_profile_measured(tmp_path, monkeypatch):

@@ -266,6 +266,11 @@ def _width(rng: np.random.Generator, near: float) -> int:
     return int(w[int(np.clip(idx + rng.integers(-1, 2), 0, len(w) - 1))])
 
 
+def _any_width(rng: np.random.Generator, near: float) -> int:
+    """Any channel count within 30% of `near` (at least 6), most not a multiple of 4."""
+    return int(max(6, round(near * float(np.exp(rng.uniform(-0.3, 0.3))))))
+
+
 class _Blocks:
     """The blocks of the context networks (each appends its kernels to the builder)."""
 
@@ -517,17 +522,29 @@ def _tiny_net(rng, max_macs: float):
     return model, f"tiny {description}"
 
 
-def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(16, 24, 32, 48, 64)):
+def odd_width_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: float = 1e6):
+    """A conv net whose channel counts are any integers (`_any_width`), not the multiples
+    of 8 of width multipliers: the channels of ReXNet (162, 366, ... 906), ShuffleNetV2's
+    halves (58) and split or ghost blocks.  onnxruntime runs a depthwise conv of channels
+    not a multiple of 4 one channel at a time (`lut._plain_depthwise`), at every size; the
+    other context networks hold few."""
+    budget = float(np.exp(rng.uniform(np.log(min_macs), np.log(max_macs))))
+    model, description = _cnn_net(rng, _pick(rng, SIZES), budget, width=_any_width)
+    return model, f"odd-width {description}"
+
+
+def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(16, 24, 32, 48, 64), width=_width):
     """A conv net; with `int8`, one to be quantized: its activations are those static
     quantization folds into a kernel's output range (others would run apart, in float
-    between quantization pairs, inside one kernel's tag)."""
+    between quantization pairs, inside one kernel's tag).  `width(rng, near)` draws its
+    channel counts."""
     b = NetBuilder(rng, (1, channels, size, size))
     blocks = _Blocks(b, rng, budget)
     kinds = ("plain", "basic", "bottleneck", "mbconv", "fire", "dense", "shuffle", "grouped", "mixconv",
              "ghost") + (() if int8 else ("mixer_conv", "convnext"))
     kind = _pick(rng, kinds)
     act = _pick(rng, ("relu", "relu6", "") if int8 else CONV_ACTS[:-2])
-    width = _width(rng, _pick(rng, widths))
+    width_of, width = width, width(rng, _pick(rng, widths))
     stride = 2 if size >= 96 or rng.random() < 0.3 else 1
     x = b.conv("input", width, _pick(rng, (3, 3, 5, 7)) if kind != "mixer_conv" else 1, stride, act=act or "relu")
     if size >= 112 and rng.random() < 0.5:
@@ -535,14 +552,14 @@ def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(1
     while b.macs < budget and b.shapes[x][2] >= 4 and b.kernels < 120:
         if rng.random() < 0.3:
             kind = _pick(rng, kinds)
-        cout = _width(rng, width * _pick(rng, (1.0, 1.5, 2.0)))
+        cout = width_of(rng, width * _pick(rng, (1.0, 1.5, 2.0)))
         for i in range(int(rng.integers(1, 4))):
             x = getattr(blocks, kind)(x, cout, 2 if i == 0 and b.shapes[x][2] >= 8 else 1, act)
             if b.macs >= budget:
                 break
         width = blocks.ch(x)
     if rng.random() < 0.3:
-        x = b.conv(x, _width(rng, 4 * width), 1, act=act or "relu")
+        x = b.conv(x, width_of(rng, 4 * width), 1, act=act or "relu")
     if rng.random() < 0.2:
         y = b.global_pool(b.conv(x, _pick(rng, (10, 100, 1000)), 1, act="relu"))
     else:

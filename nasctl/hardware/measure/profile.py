@@ -22,7 +22,7 @@ import numpy as np
 
 from .attribution import (FLOOR_MS, MeasuredNetwork, in_context_costs, measure_networks, measured_network,
                           prepare_networks, tagged_by_kernel)
-from .context import OPSET, TAG, random_network
+from .context import OPSET, TAG, odd_width_network, random_network
 from .runner import Protocol, measure_chunks
 from .timing import measure_models
 
@@ -48,18 +48,23 @@ def reference_networks(n: int = 3) -> list:
 
 # How a profile's context networks are drawn (recorded in its `measurement:` section): each
 # from a seed of its own, [seed, index], so that any one of them can be built again alone;
-# in a profile of LARGE_FROM kernels or more, every LARGE_EVERY-th a large one.
+# in a profile of LARGE_FROM kernels or more, every LARGE_EVERY-th a large one.  Since
+# odd-width networks were added (SEEDING_ODD), every ODD_EVERY-th of the others from ODD_AT
+# on is one; profiles drawn before build their networks as they were drawn.
 SEEDING_PLAIN, SEEDING_LARGE = "per network", "per network, large every 10th"
-SEEDINGS = (SEEDING_PLAIN, SEEDING_LARGE)  # profiles whose context networks can be built again
+SEEDING_ODD = "per network, large every 10th, odd widths every 10th"
+SEEDINGS = (SEEDING_PLAIN, SEEDING_LARGE, SEEDING_ODD)  # profiles whose context networks can be built again
 LARGE_EVERY, LARGE_FROM = 10, 5000
+ODD_EVERY, ODD_AT = 10, 4
 LARGE_MACS = (1e8, 1e9)
 LARGE_PREFIX = "large "  # a large network's description starts so
 
 
 def seeding_for(kernels: int) -> str:
     """How the context networks of a profile of `kernels` kernels are drawn: with large
-    networks (`is_large`) from LARGE_FROM kernels on (a quick profile stays quick)."""
-    return SEEDING_LARGE if kernels >= LARGE_FROM else SEEDING_PLAIN
+    networks (`is_large`) and odd-width ones (`is_odd_width`) from LARGE_FROM kernels on (a
+    quick profile stays quick)."""
+    return SEEDING_ODD if kernels >= LARGE_FROM else SEEDING_PLAIN
 
 
 def is_large(index: int, seeding: str) -> bool:
@@ -68,7 +73,13 @@ def is_large(index: int, seeding: str) -> bool:
     kernels in a small network (their tensors have left the caches by the time they run
     again).  Without them the working-set slope (`lut.WorkingSet`) is fitted on small
     networks alone and prices published models low."""
-    return seeding == SEEDING_LARGE and index % LARGE_EVERY == LARGE_EVERY - 1
+    return seeding in (SEEDING_LARGE, SEEDING_ODD) and index % LARGE_EVERY == LARGE_EVERY - 1
+
+
+def is_odd_width(index: int, seeding: str) -> bool:
+    """Whether context network `index` is an odd-width conv net (`context.odd_width_network`):
+    channel counts not a multiple of 4, whose depthwise convs run channel by channel."""
+    return seeding == SEEDING_ODD and index % ODD_EVERY == ODD_AT
 
 
 def context_network(seed: int, index: int, seeding: str):
@@ -78,6 +89,8 @@ def context_network(seed: int, index: int, seeding: str):
     if is_large(index, seeding):
         model, description = random_network(rng, max_macs=LARGE_MACS[1], min_macs=LARGE_MACS[0])
         return model, f"{LARGE_PREFIX}{description}"
+    if is_odd_width(index, seeding):
+        return odd_width_network(rng)
     return random_network(rng)
 
 
