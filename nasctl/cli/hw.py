@@ -95,7 +95,9 @@ def profile(
     inside them and times them end to end (interleaved rounds, minimum; the median of
     --sessions sessions), then fits the per-kernel regressors and the per-model overhead.
     From 5,000 kernels on, every tenth network is a large one (0.1-1 GMAC), timed to fit
-    how much slower kernels run in models of that size.  About fifteen to twenty-five
+    how much slower kernels run in models of that size, and every tenth of the others has
+    channel counts of any integer (depthwise convs of channels not a multiple of 4 run
+    channel by channel).  About fifteen to twenty-five
     minutes with the defaults on two cores (three sessions take about 40% longer than one).
     --refit fits a profiled device again without measuring (minutes), e.g. after an
     upgrade that tells more kernels apart."""

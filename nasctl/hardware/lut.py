@@ -302,8 +302,8 @@ def _plain_depthwise(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int,
     """A float depthwise conv (a dequantized one too: it runs the float kernel) whose
     channels are not a multiple of DEPTHWISE_ALIGN.  onnxruntime runs it in its plain
     channels-first conv, one im2col and GEMM per channel: a fixed cost per channel (about
-    0.4 µs here) besides the work, 3-10x the time of an aligned one at 28x28 (58 channels:
-    0.098 ms, against 0.030 ms for 56 or 60)."""
+    0.3 µs here) besides the work, 3x the time of an aligned one at 28x28 (58 channels: 0.10
+    ms, against 0.033 ms for 56 or 60; `benchmarks/depthwise.py`)."""
     return (op == "conv" and groups > 1 and groups == in_ch and in_ch % DEPTHWISE_ALIGN != 0
             and ((w_bits, a_bits) == (32, 32) or dequantized))
 

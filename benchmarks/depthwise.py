@@ -1,0 +1,77 @@
+"""Depthwise convs on this machine's onnxruntime: blocked-layout kernels against channel by channel.
+
+onnxruntime runs a float depthwise conv whose channels are a multiple of 4 in a blocked
+layout, and any other one channel by channel (an im2col and a GEMM a channel).  This
+script times single depthwise convs (3x3 with a ReLU, one thread, interleaved rounds,
+minimum, paced over 5 s: `measure_models`) of aligned and unaligned channel counts at several sizes, fits
+the unaligned ones' time as a fixed cost per channel plus a time per MAC (stride 1), and,
+with `--workspace`, prints what that workspace's `cpu-local` prices each at.
+
+  python benchmarks/depthwise.py [--workspace runs/cpu-local-bench] [--rounds 15] [--spread 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nasctl.hardware.layers import LayerSpec  # noqa: E402
+from nasctl.hardware.lut import DEPTHWISE_ALIGN, kernel_type  # noqa: E402
+from nasctl.hardware.measure.context import NetBuilder  # noqa: E402
+from nasctl.hardware.measure.runner import Protocol  # noqa: E402
+from nasctl.hardware.measure.timing import measure_models  # noqa: E402
+
+# (channels, input size, stride): ShuffleNetV2's 58 and ReXNet's 162 and 906 beside aligned neighbours
+CASES = [(56, 28, 1), (58, 28, 1), (60, 28, 1), (62, 28, 1), (64, 28, 1), (36, 28, 1), (20, 28, 1),
+         (58, 7, 1), (58, 14, 1), (58, 56, 1), (58, 56, 2), (56, 56, 2), (162, 40, 1), (160, 40, 1), (906, 5, 1),
+         (904, 5, 1)]
+
+
+def model(channels: int, size: int, stride: int) -> bytes:
+    b = NetBuilder(np.random.default_rng(0), (1, channels, size, size))
+    return b.model(b.conv("input", channels, 3, stride, groups=channels, act="relu")).SerializeToString()
+
+
+def layer(channels: int, size: int, stride: int) -> LayerSpec:
+    out = (size - 1) // stride + 1
+    return LayerSpec("conv", channels, channels, (size, size), (out, out), (3, 3), stride, channels, fn="relu")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workspace", type=Path, help="price each conv with this workspace's cpu-local too")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--spread", type=float, default=5.0, help="seconds the rounds are paced over")
+    args = ap.parse_args()
+    ms = measure_models([model(*c) for c in CASES], Protocol(threads=1, rounds=args.rounds, spread_s=args.spread))
+    device = None
+    if args.workspace is not None:
+        from nasctl.hardware.loader import load_device
+
+        device = load_device(str(args.workspace / "hardware" / "cpu-local" / "spec.yaml"))
+    print(f"{'channels':>8} {'size':>4} {'stride':>6} {'kernel type':>13} {'ms':>8} {'us/channel':>10} "
+          f"{'ns/MAC':>7}" + (f" {'priced ms':>9}" if device else ""))
+    for (c, hw, s), t in zip(CASES, ms):
+        spec = layer(c, hw, s)
+        line = (f"{c:>8} {hw:>4} {s:>6} {kernel_type(spec):>13} {t:8.4f} {t * 1e3 / c:10.3f} "
+                f"{t * 1e6 / spec.macs:7.3f}")
+        if device is not None:
+            line += f" {device.estimate([spec]).latency_ms:9.4f}"
+        print(line)
+    plain = [(c, hw, t) for (c, hw, s), t in zip(CASES, ms) if c % DEPTHWISE_ALIGN and s == 1]
+    A = np.array([[c, layer(c, hw, 1).macs] for c, hw, _ in plain], dtype=float)
+    t = np.array([t for *_, t in plain])
+    (per_channel, per_mac), *_ = np.linalg.lstsq(A / t[:, None], np.ones(len(t)), rcond=None)
+    print(f"channel by channel, stride 1: {per_channel * 1e3:.3f} us a channel + {per_mac * 1e6:.3f} ns per MAC")
+    by = {c[:3]: x for c, x in zip(CASES, ms)}
+    print(f"58 channels at 28x28 against 56 and 60: {by[58, 28, 1] / by[56, 28, 1]:.1f}x and "
+          f"{by[58, 28, 1] / by[60, 28, 1]:.1f}x the time")
+
+
+if __name__ == "__main__":
+    main()
