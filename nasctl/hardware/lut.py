@@ -418,8 +418,9 @@ def _terms(layers: Sequence[LayerSpec], per_channel: bool = True) -> np.ndarray:
     """The physical terms of an `additive` regressor: a fixed cost per kernel call
     (`_calls`), MACs, elements moved, weights, the output again for an activation the
     kernel does not fuse, and the matrix products of a batched product (`_products`)."""
-    return np.array([[float(_calls(l, per_channel)), l.macs, l.in_elems + l.out_elems, l.params,
-                      l.out_elems * (l.fn in _UNFUSED), _products(l)] for l in layers], dtype=float).reshape(len(layers), TERMS)
+    rows = [[float(_calls(l, per_channel)), l.macs, l.in_elems + l.out_elems, l.params,
+             l.out_elems * (l.fn in _UNFUSED), _products(l)] for l in layers]
+    return np.array(rows, dtype=float).reshape(len(layers), TERMS)
 
 
 # --- regressors (log latency from layers; fitted on first use, nothing pickled) ----

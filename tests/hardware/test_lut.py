@@ -539,14 +539,17 @@ def test_regressors_saved_before_channel_by_channel_depthwise_convs_had_a_type_a
     write_device(tmp_path, FittedDevice("t", spec, table))
     doc = json.loads((tmp_path / "regressors.json").read_text())
     assert doc["format"] == 6 and "conv_dw_nchw" in doc["types"]
+    fresh = device(read_lut(tmp_path / "lut.csv"), **spec)
+    layers = [conv(58, 58, 28, groups=58, fn=""), conv(48, 48, 20, groups=48, fn=""), conv(48, 96, 24)]
+    saved = LutDevice.from_dict({"name": "t", **spec}, tmp_path)  # its regressors restored, a call per channel
+    assert "conv_dw_nchw" in saved._saved
+    assert saved.estimate(layers).latency_ms == pytest.approx(fresh.estimate(layers).latency_ms, rel=1e-9)
     # as format 5 wrote it: all depthwise convs one type
     doc.update(format=5, types={k: v for k, v in doc["types"].items() if k != "conv_dw_nchw"})
     doc["merged"]["types"] = ["conv_dw" if t == "conv_dw_nchw" else t for t in doc["merged"]["types"]]
     (tmp_path / "regressors.json").write_text(json.dumps(doc))
     old = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
     assert "conv_dw" not in old._saved and "conv" in old._saved  # conv_dw lost rows: fitted again
-    fresh = device(read_lut(tmp_path / "lut.csv"), **spec)
-    layers = [conv(58, 58, 28, groups=58, fn=""), conv(48, 48, 20, groups=48, fn=""), conv(48, 96, 24)]
     assert old.estimate(layers).latency_ms == pytest.approx(fresh.estimate(layers).latency_ms, rel=1e-9)
 
 
