@@ -58,6 +58,7 @@ import csv
 import hashlib
 import json
 import math
+import os
 import statistics
 from collections.abc import Mapping
 from dataclasses import replace
@@ -81,6 +82,7 @@ _INT_COLUMNS = LUT_COLUMNS[1:13]
 REGRESSORS = ("additive", "ridge", "boost", "nearest")
 MIN_ROWS = {"additive": 1, "ridge": 12, "boost": 40, "nearest": 5}  # fewest rows each regressor is fitted on
 REGRESSORS_FILE = "regressors.json"  # boosted trees fitted to the table, beside it
+REGRESSORS_FORMAT = 6  # what save_regressors writes; older files are read with their types taken again
 KERNEL_FLOOR_MS = 1e-4  # the least a kernel is priced at after a negative per-kernel offset (0.1 µs)
 
 
@@ -628,7 +630,7 @@ def _saved_doc(table: Optional[Path]) -> Optional[dict]:
         return None
     if not isinstance(data, dict) or data.get("format") not in (1, 3, 4, 5, 6) or data.get("table") != digest:
         return None
-    if data["format"] < 6:  # written before grouped convs (5) or channel-by-channel depthwise ones (6) were types
+    if data["format"] < REGRESSORS_FORMAT:  # before grouped (5), channel-by-channel depthwise (6) convs had types
         data = _retyped(data)
     return data
 
@@ -777,9 +779,19 @@ class LutDevice(CostModel):
             raise ConfigError(f"{spec.name}: its kernel table {path} does not exist")
         saved = _saved_doc(path)  # holds the table already read and checked, while the table is unchanged
         if saved and saved.get("merged"):
-            return cls(spec, None, path, saved)
-        rows = _rows_of_columns(saved["rows"]) if saved and saved.get("rows") else read_lut(path)
-        return cls(spec, rows, path, saved or {})
+            device = cls(spec, None, path, saved)
+        else:
+            rows = _rows_of_columns(saved["rows"]) if saved and saved.get("rows") else read_lut(path)
+            device = cls(spec, rows, path, saved or {})
+        if saved and saved["format"] < REGRESSORS_FORMAT:
+            # Written by an earlier nasctl: the types whose rows changed are fitted once and the
+            # file written again, rather than fitted at every start (seconds); a folder that
+            # cannot be written keeps the old file.
+            try:
+                device.save_regressors()
+            except OSError:
+                pass
+        return device
 
     # -- regressors: fitted when first needed, or restored from regressors.json ---------
     def _table_hash(self) -> Optional[str]:
@@ -819,11 +831,17 @@ class LutDevice(CostModel):
         merged = [(k, r) for k in self._rows for r in self._rows[k]]
         columns = [c for c in (*LUT_COLUMNS, *OPTIONAL_COLUMNS) if all(c in r for _, r in merged)]
         largest = {k: self._largest_work(k) for k in self._rows}
-        path.write_text(json.dumps({"format": 6, "table": self._table_hash(), "targets": self.targets,
-                                    "types": types, "largest": largest,
-                                    "merged": {"columns": {c: [r[c] for _, r in merged] for c in columns},
-                                               "types": [k for k, _ in merged]}}),
-                        encoding="utf-8")
+        text = json.dumps({"format": REGRESSORS_FORMAT, "table": self._table_hash(), "targets": self.targets,
+                           "types": types, "largest": largest,
+                           "merged": {"columns": {c: [r[c] for _, r in merged] for c in columns},
+                                      "types": [k for k, _ in merged]}})
+        # written whole and then renamed: a device loaded meanwhile reads the old file or the new one
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        try:
+            partial.write_text(text, encoding="utf-8")
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
         return path
 
     def _layer_cost(self, layer: LayerSpec) -> Optional[LayerCost]:

@@ -551,6 +551,33 @@ def test_regressors_saved_before_channel_by_channel_depthwise_convs_had_a_type_a
     old = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
     assert "conv_dw" not in old._saved and "conv" in old._saved  # conv_dw lost rows: fitted again
     assert old.estimate(layers).latency_ms == pytest.approx(fresh.estimate(layers).latency_ms, rel=1e-9)
+    # ... once: the file was written again as this version writes it, so the next start fits nothing
+    assert json.loads((tmp_path / "regressors.json").read_text())["format"] == 6
+    again = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
+    assert {"conv_dw", "conv_dw_nchw", "conv"} <= set(again._saved)
+    assert again.estimate(layers).latency_ms == pytest.approx(fresh.estimate(layers).latency_ms, rel=1e-9)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_device_whose_regressors_file_cannot_be_written_again_still_prices(tmp_path, rows, monkeypatch):
+    import json
+
+    from nasctl.hardware.fit import FittedDevice, write_device
+
+    spec = {"kind": "lut", "lut": "lut.csv", "regressors": {"conv": "boost"}}
+    write_device(tmp_path, FittedDevice("t", spec, rows + depthwise_rows((18, 58), (7, 14), per_channel)))
+    doc = json.loads((tmp_path / "regressors.json").read_text())
+    (tmp_path / "regressors.json").write_text(json.dumps({**doc, "format": 5}))
+
+    def refuse(self):
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(LutDevice, "save_regressors", refuse)
+    old = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
+    layer = conv(58, 58, 28, groups=58, fn="")
+    fresh = device(read_lut(tmp_path / "lut.csv"), **spec)
+    assert old.estimate([layer]).latency_ms == pytest.approx(fresh.estimate([layer]).latency_ms, rel=1e-9)
+    assert json.loads((tmp_path / "regressors.json").read_text())["format"] == 5
 
 
 def test_a_saved_device_prices_with_nearest_neighbours_without_fitting_or_scipy(tmp_path, rows):
