@@ -1,11 +1,16 @@
 import csv
 import itertools
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# The CLI prints 200 columns wide where its output is not a terminal, unless COLUMNS says
+# otherwise; the tests read that output, so a shell's COLUMNS must not narrow and wrap it.
+os.environ.pop("COLUMNS", None)
 
 
 @pytest.fixture

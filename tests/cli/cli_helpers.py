@@ -24,3 +24,16 @@ def one_line_error(result, code, text):
 SMALL_SPACE = str(Path(__file__).resolve().parents[1] / "data" / "small-mbv2.yaml")
 # and a small ee-vit (tests/data/small-vit.yaml), with a bit width of the attention of its own
 SMALL_VIT = str(Path(__file__).resolve().parents[1] / "data" / "small-vit.yaml")
+
+
+def onnx_model(graph, opset: int = 17, **kw):
+    """A model of `graph` at `opset`, with the IR version that opset needs rather than the
+    newest the installed onnx writes: an onnxruntime older than that onnx still loads it.
+    (An opset the installed onnx does not know keeps its newest IR version.)"""
+    import onnx
+    from onnx import helper
+
+    opsets = [helper.make_opsetid("", opset)]
+    if opset <= onnx.defs.onnx_opset_version():
+        return helper.make_model_gen_version(graph, opset_imports=opsets, **kw)
+    return helper.make_model(graph, opset_imports=opsets, **kw)

@@ -10,7 +10,7 @@ import numpy as np
 
 import pytest
 
-from cli_helpers import invoke, one_line_error
+from cli_helpers import invoke, one_line_error, onnx_model
 
 
 @pytest.mark.parametrize("seed", ["4294967296", "-1"])
@@ -145,7 +145,7 @@ def test_lut_device_by_the_path_of_its_yaml(tmp_path):
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], [w])
-    onnx.save(helper.make_model(graph), tmp_path / "m.onnx")
+    onnx.save(onnx_model(graph), tmp_path / "m.onnx")
     for device in (spec, spec.parent, f"elsewhere{os.sep}copied-lut"):  # the YAML, or its folder
         result = invoke("predict", tmp_path / "m.onnx", "--device", device, "--json")
         assert result.exit_code == 0, result.output

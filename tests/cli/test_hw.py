@@ -8,7 +8,7 @@ import yaml
 
 from nasctl.hardware.lut import LUT_COLUMNS
 
-from cli_helpers import invoke, one_line_error
+from cli_helpers import invoke, one_line_error, onnx_model
 
 
 def tiny_model(path, cout, hw=16):
@@ -19,7 +19,7 @@ def tiny_model(path, cout, hw=16):
              helper.make_node("Relu", ["c"], ["y"], name="relu")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, hw, hw])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, hw, hw])], [w])
-    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    path.write_bytes(onnx_model(graph).SerializeToString())
     return path
 
 

@@ -15,6 +15,8 @@ from nasctl.cli import app
 from nasctl.hardware import loader
 from nasctl.hardware.base import CostModel, LayerCost
 
+from cli_helpers import onnx_model
+
 runner = CliRunner()
 CONV_MACS, FC_MACS = 16 * 16 * 8 * 3 * 9, 8 * 10
 PARAMS = (8 * 3 * 9 + 8) + (8 * 10 + 10)
@@ -37,7 +39,7 @@ def tiny_net(path, dims=(1, 3, 16, 16), extra=(), conv_in=3, bias=True, opset=17
     outputs = ["y", *(n.output[0] for n in extra)]
     graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", T.FLOAT, list(dims))],
                               [helper.make_empty_tensor_value_info(o) for o in outputs], w)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
+    onnx.save(onnx_model(graph, opset), path)
     return str(path)
 
 

@@ -9,6 +9,7 @@ from nasctl.hardware.fit import calibrate, fit_from_lut, fit_from_models, read_m
 from nasctl.hardware.layers import LayerSpec
 from nasctl.hardware.lut import LutDevice, read_lut, row_from_layer
 from nasctl.spaces.loader import load_space
+from tests.cli.cli_helpers import onnx_model
 
 
 def conv(cin, cout, hw, k=3, stride=1, groups=1, fn="relu"):
@@ -128,7 +129,7 @@ def onnx_models(tmp_path):
         graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4, name="c")], "g",
                                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, 16, 16])], [w])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model = onnx_model(graph)
         path = tmp_path / f"m{i}.onnx"
         path.write_bytes(model.SerializeToString())
         paths.append(path)

@@ -11,6 +11,7 @@ from onnx import helper, numpy_helper
 from nasctl.errors import UsageError
 from nasctl.hardware.layers import LayerSpec
 from nasctl.hardware.onnx_import import HANDLERS, import_onnx
+from tests.cli.cli_helpers import onnx_model
 
 RNG = np.random.default_rng(0)
 
@@ -35,7 +36,7 @@ def save(path, nodes, inputs, outputs, inits=(), opset=17):
 
     graph = helper.make_graph(nodes, "g", [info(n, s) for n, s in inputs.items()],
                               [helper.make_empty_tensor_value_info(o) for o in outputs], list(inits))
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
+    onnx.save(onnx_model(graph, opset), path)
     return path
 
 
@@ -608,7 +609,7 @@ def test_malformed_models_fail_in_one_line_naming_what_is_wrong(tmp_path):
 
     def model(nodes, inputs=(x,), inits=()):
         graph = helper.make_graph(nodes, "g", list(inputs), [helper.make_empty_tensor_value_info("y")], list(inits))
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        return onnx_model(graph)
 
     cases = {
         "rank.onnx": (model([node("Conv", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", T.FLOAT, [1, 3])],
