@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import prod
+from typing import Optional, Sequence
 
 # Op kinds a cost model may be asked to price.  Tensors are described as channels x
 # (height, width); a sequence of T tokens of width C is C x (T, 1).
@@ -32,10 +33,74 @@ from math import prod
 #   act       a stand-alone activation, `fn` names it (relu, sigmoid, gelu, ...).
 #   softmax, norm (layer/instance normalisation), resize, concat, split
 #   data      data movement only: reshape, transpose, flatten, squeeze, ...
+#             A transpose or a reduction (a pool) with fn "strided" (`STRIDED`) is one a
+#             runtime cannot run on whole contiguous blocks: a transpose that copies pieces
+#             of under 16 elements (element by element where the innermost axis moves
+#             among others), a reduction other than a mean, sum or max of the innermost
+#             axes (`transpose_is_strided`, `reduction_is_strided`).
 MAC_OPS = frozenset({"conv", "conv_transpose", "linear", "matmul"})
 OPS = MAC_OPS | {"pool", "add", "mul", "act", "softmax", "norm", "resize", "concat", "split", "data"}
 SUM = "sum"  # the fn of an add that is a conv's residual sum (see above)
 MAX_NCHW = "max_nchw"  # the fn of an 8-bit max pool run in a plain channels-first kernel (above)
+STRIDED = "strided"  # the fn of a transpose or reduction run without contiguous blocks (above)
+# The fewest elements a transpose's copies must hold to run at memory speed.
+WHOLE_BLOCK = 16
+
+
+def transpose_is_strided(shape: Sequence[int], perm: Sequence[int], element_bytes: int = 4) -> bool:
+    """Whether a runtime copies this transpose in small pieces, as onnxruntime's CPU kernel
+    does, measured on 65,536 floats (benchmarks/README.md): a permutation that keeps the
+    dims over 1 in order is a plain copy; one that moves a single axis inwards runs as a
+    vectorised 2-D transpose, and one that moves a single axis outwards copies the block
+    of the dims after it at a time, by register where it is of at most 8 bytes (0.2-0.8 ns
+    per element); any other copies its innermost unmoved block at a time, element by
+    element where the innermost axis moves (3.4-3.9 ns).  Strided: copies of under
+    `WHOLE_BLOCK` elements (blocks of 4 floats: 2.2-2.3 ns)."""
+    shape, perm = list(shape), list(perm)
+    if [a for a in perm if shape[a] > 1] == [a for a in range(len(shape)) if shape[a] > 1]:
+        return False  # a reshape
+    moved = _single_axis_move(perm)
+    if moved is not None:
+        start, end = moved
+        if start < end:
+            return False  # inwards: a 2-D transpose of the dims between
+        block = prod(shape[start + 1:])
+        return block * element_bytes > 8 and block < WHOLE_BLOCK
+    block = 1
+    for i in range(len(perm) - 1, -1, -1):
+        if perm[i] != i:
+            break
+        block *= shape[i]
+    return block < WHOLE_BLOCK
+
+
+def _single_axis_move(perm: Sequence[int]) -> Optional[tuple[int, int]]:
+    """(from, to) where `perm` moves one axis and keeps the others in order, else None; as
+    onnxruntime reads it: at the first axis out of place, a move outwards (an inner axis
+    brought to it) before a move inwards (it taken further in)."""
+    perm = list(perm)
+    first = next((i for i, a in enumerate(perm) if a != i), None)
+    if first is None:
+        return None
+    for start, end in ((perm[first], first), (first, None)):
+        rest = [a for a in range(len(perm)) if a != start]
+        for to in ([end] if end is not None else range(first + 1, len(perm))):
+            if rest[:to] + [start] + rest[to:] == perm:
+                return start, to
+    return None
+
+
+def reduction_is_strided(shape: Sequence[int], axes: Sequence[int], kind: str = "mean") -> bool:
+    """Whether a runtime reduces these axes without its vectorised fast path, as onnxruntime's
+    CPU kernels do (benchmarks/README.md): a mean, sum or max of the innermost axes runs at
+    0.1-0.25 ns per element; an L1 or L2 norm or a sum of squares anywhere, or any reduction
+    of axes with others inside them, at 0.7-3 ns; a log-sum-exp at 4 ns.  `kind`: the
+    reduction ("mean", "sum", "max", "min", or another)."""
+    rank = len(shape)
+    reduced = {a % rank for a in axes if shape[a % rank] > 1}
+    kept = [a for a in range(rank) if a not in reduced and shape[a] > 1]
+    innermost = not reduced or not kept or max(kept) < min(reduced)
+    return kind not in ("mean", "sum", "max", "min") or not innermost
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,7 +71,7 @@ from pydantic import BaseModel, ConfigDict, NonNegativeFloat, PositiveFloat
 from .. import specs, trees, workspace
 from ..errors import ConfigError, UsageError
 from .base import CostModel, CostReport, LayerCost
-from .layers import MAX_NCHW, OPS, SUM, LayerSpec
+from .layers import MAX_NCHW, OPS, STRIDED, SUM, LayerSpec
 
 LUT_COLUMNS = ("op", "in_ch", "out_ch", "in_h", "in_w", "out_h", "out_w", "kernel_h", "kernel_w", "stride",
                "groups", "w_bits", "a_bits", "fn", "latency_ms")
@@ -320,6 +320,8 @@ def _name_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequant
     # stand-alone add: measured in context it costs next to nothing.
     # An 8-bit max pool run in a plain channels-first kernel (`MAX_NCHW`) is another kernel
     # than one in the integer convs' channels-last layout: about 30x its time per element.
+    # A transpose or a reduction run without contiguous blocks (`STRIDED`) is another kernel
+    # than one run on them: 4-20x its time per element.
     if op == "conv" and groups != 1:
         if _plain_depthwise(op, groups, in_ch, w_bits, a_bits, dequantized):
             return "conv_dw_nchw"
@@ -328,20 +330,27 @@ def _name_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequant
         return "add_sum"
     if op == "pool" and fn == MAX_NCHW:
         return "pool_nchw"
+    if op in ("data", "pool") and fn == STRIDED:
+        return f"{op}_strided"
     return op
 
 
 # Kernel types a table without rows of their own prices from another's: grouped convs from
 # dense ones, channel-by-channel depthwise convs from the others, residual sums from
-# stand-alone adds, plain-kernel 8-bit max pools from the others (tables made before each
-# was told apart).
-_FALLBACK_TYPES = (("conv_g", "conv"), ("conv_dw_nchw", "conv_dw"), ("add_sum", "add"), ("pool_nchw", "pool"))
+# stand-alone adds, plain-kernel 8-bit max pools, strided transposes and reductions from
+# the others (tables made before each was told apart).
+_FALLBACK_TYPES = (("conv_g", "conv"), ("conv_dw_nchw", "conv_dw"), ("add_sum", "add"), ("pool_nchw", "pool"),
+                   ("data_strided", "data"), ("pool_strided", "pool"))
+# What such a layer is for a type that does not tell it apart: (op, fn) -> the general fn.
+_GENERAL_FN = {("pool", MAX_NCHW): "max", ("data", STRIDED): "transpose", ("pool", STRIDED): "avg"}
 
 
-def _as_max(layer: LayerSpec) -> LayerSpec:
-    """A plain-kernel 8-bit max pool (`MAX_NCHW`) as the max pool it is, for a type that
-    does not tell the two apart; any other layer as it is."""
-    return replace(layer, fn="max") if (layer.op, layer.fn) == ("pool", MAX_NCHW) else layer
+def as_general(layer: LayerSpec) -> LayerSpec:
+    """A layer of a kernel type told apart from its op's others (a plain-kernel 8-bit max
+    pool, a strided transpose or reduction) as the layer of the general type it also is,
+    for a table without rows of its own type; any other layer as it is."""
+    fn = _GENERAL_FN.get((layer.op, layer.fn))
+    return replace(layer, fn=fn) if fn else layer
 
 
 def _fallback_type(ktype: str) -> str:
@@ -867,7 +876,7 @@ class LutDevice(CostModel):
             # A grouped conv of a table without grouped ones is priced from its dense convs.
             variants = [layer, replace(layer, dequantized=False), replace(layer, w_bits=32, a_bits=32, dequantized=False)]
             candidates = [(c, kernel_type(c)) for c in variants]
-            candidates += [(_as_max(c), _fallback_type(t)) for c, t in candidates if _fallback_type(t) != t]
+            candidates += [(as_general(c), _fallback_type(t)) for c, t in candidates if _fallback_type(t) != t]
             known = [(c, t) for c, t in candidates if t in self._rows]
             if not known:
                 self._cache[key] = None

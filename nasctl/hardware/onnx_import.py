@@ -67,7 +67,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..errors import UsageError
-from .layers import MAX_NCHW, SUM, LayerSpec, chw
+from .layers import MAX_NCHW, STRIDED, SUM, LayerSpec, chw, reduction_is_strided, transpose_is_strided
 
 Shape = tuple[int, ...]
 
@@ -452,12 +452,43 @@ def _pool(fn: str, global_: bool = False) -> Handler:
 
 
 def _reduce(fn: str) -> Handler:
-    """ReduceMean/ReduceMax: a pool over the reduced positions."""
+    """ReduceMean/ReduceMax/...: a pool over the reduced positions; fn `STRIDED` where the
+    runtime reduces without its fast path (`layers.reduction_is_strided`)."""
     def handle(node: Node, g: Graph) -> list[LayerSpec]:
         layer = g.layer("pool", node, node.inputs[0], node.outputs[0], fn=fn)
         kernel = tuple(max(1, i // o) for i, o in zip(layer.in_hw, layer.out_hw))
-        return [replace(layer, kernel=kernel)]
+        kind = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}.get(node.op_type,
+                                                                                                    node.op_type)
+        shape = g.shape(node.inputs[0])
+        strided = reduction_is_strided(shape, _reduced_axes(node, shape, g.shape(node.outputs[0])), kind)
+        return [replace(layer, kernel=kernel, fn=STRIDED if strided else fn)]
     return handle
+
+
+def _reduced_axes(node: Node, shape: Shape, out: Shape) -> list[int]:
+    """The axes a reduction reduces, from its attributes or else from its output's shape
+    (kept dims of 1, or the dims left out, matched from the innermost)."""
+    if node.attrs.get("axes"):
+        return [int(a) % len(shape) for a in node.attrs["axes"]]
+    if len(out) == len(shape):
+        return [i for i, (a, b) in enumerate(zip(shape, out)) if a != b or a == 1]
+    axes, j = [], len(out) - 1
+    for i in range(len(shape) - 1, -1, -1):
+        if j >= 0 and shape[i] == out[j]:
+            j -= 1
+        else:
+            axes.append(i)
+    return axes
+
+
+def _transpose(node: Node, g: Graph) -> list[LayerSpec]:
+    """A data movement; fn `STRIDED` where the runtime copies it in small pieces
+    (`layers.transpose_is_strided`)."""
+    x = g.activation(node)
+    shape = g.shape(x)
+    perm = [int(a) for a in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
+    strided = transpose_is_strided(shape, perm)  # as of floats, whatever the bit width (as search spaces say)
+    return [g.layer("data", node, x, node.outputs[0], fn=STRIDED if strided else "transpose")]
 
 
 def _resize(node: Node, g: Graph) -> list[LayerSpec]:
@@ -502,7 +533,8 @@ HANDLERS: dict[str, Handler] = {
     "ReduceMax": _reduce("max"), "ReduceMin": _reduce("max"),
     "Resize": _resize, "Upsample": _resize, "Softmax": _unary("softmax"),
     **{op: _unary("data", op.lower()) for op in
-       ("Transpose", "Gather", "Slice", "Pad", "Expand", "Tile", "Cast", "DepthToSpace", "SpaceToDepth")},
+       ("Gather", "Slice", "Pad", "Expand", "Tile", "Cast", "DepthToSpace", "SpaceToDepth")},
+    "Transpose": _transpose,
     # Views and quantization glue; Shape, Size and Constant compute on what is known at
     # load time and never reach a handler.
     **{op: _nothing for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout",

@@ -25,7 +25,7 @@ from typing import Any, Optional
 from pydantic import Field, field_validator, model_validator
 
 from ..errors import ConfigError
-from ..hardware.layers import LayerSpec, chw
+from ..hardware.layers import STRIDED, LayerSpec, chw, reduction_is_strided, transpose_is_strided
 from .base import Arch, SearchSpace, Variable, machine_memory
 from .spec_parts import BitKnobs, Choice, ExitKnobs, check_bits
 from .spec_parts import Strict as _Strict
@@ -248,6 +248,12 @@ def _block_layers(block: dict, ch: int, h: int, w: int, tokens: int, classes: in
         layers.append(LayerSpec(op, ci, co, in_hw, out_hw, w_bits=kw.pop("w_bits", b), a_bits=kw.pop("a_bits", b),
                                 segment=segment, role=role, name=f"{prefix}.{name}", **kw))
 
+    def transpose(in_shape, perm, b=bits, name=""):
+        """A transpose, labelled as the importer labels it (`transpose_is_strided`)."""
+        out_shape = tuple(in_shape[p] for p in perm)
+        fn = STRIDED if transpose_is_strided(in_shape, perm) else "transpose"
+        add("data", in_shape, out_shape, b, name=name, fn=fn)
+
     def linear(cin, cout, t, b=bits, role="backbone", name="", fn=""):
         layers.append(LayerSpec("linear", cin, cout, (t, 1), (t, 1), w_bits=b, a_bits=b, segment=segment,
                                 role=role, fn=fn, bias=True, name=f"{prefix}.{name}"))
@@ -263,7 +269,7 @@ def _block_layers(block: dict, ch: int, h: int, w: int, tokens: int, classes: in
         t = oh * ow
         layers.append(LayerSpec("conv", ch, c, (h, w), (oh, ow), (p, p), p, 1, bits, bits, segment,
                                 "backbone", bias=True, name=f"{prefix}.patch"))
-        add("data", (1, c, t), (1, t, c), name="tokens", fn="transpose")
+        transpose((1, c, t), (0, 2, 1), name="tokens")
         add("add", (1, t, c), (1, t, c), name="position")
         return layers, c, oh, ow, t
     t = tokens
@@ -271,16 +277,16 @@ def _block_layers(block: dict, ch: int, h: int, w: int, tokens: int, classes: in
         c, heads, ab = block["width"], block["heads"], block["attn_bits"]
         d = c // heads
         add("norm", (1, t, c), (1, t, c), name="norm1", fn="layer")
-        for part, perm_out in (("q", (1, heads, t, d)), ("k", (1, heads, d, t)), ("v", (1, heads, t, d))):
+        for part, perm in (("q", (0, 2, 1, 3)), ("k", (0, 2, 3, 1)), ("v", (0, 2, 1, 3))):
             linear(c, c, t, ab, name=part)
-            add("data", (1, t, heads, d), perm_out, ab, name=f"{part}.heads", fn="transpose")
+            transpose((1, t, heads, d), perm, ab, name=f"{part}.heads")
         layers.append(LayerSpec("matmul", d, t, (t, heads), (t, heads), w_bits=ab, a_bits=ab, segment=segment,
                                 bias=False, name=f"{prefix}.scores"))
         # (the scores' scaling by 1/sqrt(d) is folded into the product, as onnxruntime runs it)
         add("softmax", (1, heads, t, t), (1, heads, t, t), ab, name="softmax")
         layers.append(LayerSpec("matmul", t, d, (t, heads), (t, heads), w_bits=ab, a_bits=ab, segment=segment,
                                 bias=False, name=f"{prefix}.mix"))
-        add("data", (1, heads, t, d), (1, t, heads, d), ab, name="merge", fn="transpose")
+        transpose((1, heads, t, d), (0, 2, 1, 3), ab, name="merge")
         linear(c, c, t, ab, name="proj")
         add("add", (1, t, c), (1, t, c), name="add1")
         add("norm", (1, t, c), (1, t, c), name="norm2", fn="layer")
@@ -292,7 +298,8 @@ def _block_layers(block: dict, ch: int, h: int, w: int, tokens: int, classes: in
     c = block["width"]
     role = "exit" if kind == "exit" else "backbone"
     ib = block.get("in_bits", bits)
-    layers.append(LayerSpec("pool", c, c, (t, 1), (1, 1), (t, 1), 1, 1, ib, ib, segment, role, fn="avg",
+    pooled = STRIDED if reduction_is_strided((1, t, c), (1,), "mean") else "avg"  # tokens are not innermost
+    layers.append(LayerSpec("pool", c, c, (t, 1), (1, 1), (t, 1), 1, 1, ib, ib, segment, role, fn=pooled,
                             name=f"{prefix}.pool"))
     add("norm", (1, c), (1, c), role=role, name="norm", fn="layer")
     if kind == "exit":

@@ -393,7 +393,7 @@ def test_element_wise_pool_resize_softmax_and_data_ops(tmp_path):
         ("pool", "avg", 4, (8, 8), 4, (1, 1)),
         ("data", "transpose", 64, (4, 1), 4, (64, 1)),
         ("softmax", "", 4, (64, 1), 4, (64, 1)),
-        ("pool", "avg", 4, (64, 1), 4, (1, 1)),
+        ("pool", "strided", 4, (64, 1), 4, (1, 1)),  # a mean over tokens, with channels inside them
     ]
     assert layers[0].kernel == (2, 2) and layers[0].stride == 2 and layers[7].kernel == (8, 8)
     assert layers[10].kernel == (64, 1)
@@ -684,7 +684,8 @@ def test_reductions_are_pools_over_the_reduced_positions(tmp_path, op):
     layer = only(layers_of(tmp_path, nodes, {"x": [1, 16, 8, 8]}, ["y"], [const("axes", [2, 3], np.int64)],
                            opset=18))
     assert (layer.op, layer.in_ch, layer.out_hw, layer.kernel) == ("pool", 16, (1, 1), (8, 8))
-    assert layer.fn == ("max" if op in ("ReduceMax", "ReduceMin") else "avg")
+    # an L2 norm has no fast path in onnxruntime, even over the innermost axes
+    assert layer.fn == {"ReduceMax": "max", "ReduceMin": "max", "ReduceL2": "strided"}.get(op, "avg")
 
 
 def test_large_weights_import_without_their_values(tmp_path):
@@ -699,3 +700,43 @@ def test_large_weights_import_without_their_values(tmp_path):
     w, = model.graph.initializer
     assert (w.name, list(w.dims), w.data_type, w.raw_data) == ("w", [2048, 2048], T.FLOAT, b"")
     assert model.ByteSize() < 10_000
+
+
+# Measured with onnxruntime alone on 65,536 floats (benchmarks/README.md): ns per element.
+TRANSPOSES = [
+    ([1, 64, 256, 4], [0, 3, 2, 1], True),       # 3.4: the innermost axis moves among others
+    ([1, 64, 256, 4], [0, 3, 1, 2], False),      # 0.18: one axis moved outwards, 4-byte blocks
+    ([1, 64, 256, 4], [0, 2, 3, 1], False),      # 0.79: one axis moved inwards
+    ([1, 64, 256, 4], [0, 2, 1, 3], True),       # 2.2: one axis moved outwards, blocks of 4 floats
+    ([1024, 16, 2, 2], [0, 2, 1, 3], False),     # 0.33: blocks of 8 bytes
+    ([64, 16, 4, 16], [0, 2, 1, 3], False),      # 0.66: blocks of 16 floats
+    ([16, 4, 16, 64], [2, 0, 3, 1], True),       # 3.7
+    ([1, 8, 8, 32, 32], [0, 2, 1, 3, 4], False),  # 0.20: ShuffleNet's channel shuffle
+    ([8, 8, 32, 32], [1, 0, 3, 2], True),        # 3.4 (equal sizes: not a reshape)
+    ([1, 64, 16, 16, 2, 2], [0, 1, 3, 5, 2, 4], True),  # 3.9: MobileViT-style unfold
+    ([1, 1, 64, 8], [1, 0, 2, 3], False),        # dims of 1 moved: a plain copy
+]
+
+
+@pytest.mark.parametrize("shape,perm,strided", TRANSPOSES)
+def test_transposes_are_labelled_by_how_onnxruntime_copies_them(tmp_path, shape, perm, strided):
+    shape, perm = [1, *shape], [0, *(p + 1 for p in perm)]  # one input at a time: a batch of 1 in front
+    out = [shape[p] for p in perm]
+    layer = only(layers_of(tmp_path, [node("Transpose", ["x"], ["y"], perm=perm)], {"x": shape}, ["y"]))
+    assert (layer.op, layer.fn) == ("data", "strided" if strided else "transpose"), (shape, perm, out)
+
+
+@pytest.mark.parametrize("op,shape,axes,keep,strided", [
+    ("ReduceMean", [1, 160, 32, 32], [2, 3], 1, False),  # 0.12 ns per element: the innermost axes
+    ("ReduceMax", [1, 48, 1024], [2], 0, False),         # 0.23
+    ("ReduceL2", [1, 48, 1024], [2], 1, True),           # 0.98: a norm, even of the innermost axis
+    ("ReduceSumSquare", [1, 160, 32, 32], [2, 3], 0, True),  # 0.81
+    ("ReduceMean", [1, 32, 32, 160], [1, 2], 1, True),   # 0.84: channels-last, channels inside
+    ("ReduceMean", [1, 197, 192], [1], 0, True),         # a mean over tokens
+])
+def test_reductions_are_labelled_by_whether_onnxruntime_has_a_fast_path(tmp_path, op, shape, axes, keep, strided):
+    out = [1 if i in axes else d for i, d in enumerate(shape)] if keep else \
+        [d for i, d in enumerate(shape) if i not in axes]
+    nodes = [node(op, ["x", "axes"], ["y"], keepdims=keep)]
+    layer = only(layers_of(tmp_path, nodes, {"x": shape}, ["y"], [const("axes", axes, np.int64)], opset=18))
+    assert layer.op == "pool" and (layer.fn == "strided") == strided, (op, shape, axes, out)

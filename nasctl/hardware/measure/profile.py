@@ -118,17 +118,19 @@ def layers_digest(layers: Sequence) -> str:
     import json
 
     from ..layers import MAX_NCHW, SUM
-    from ..lut import row_from_layer
+    from ..lut import as_general, row_from_layer
 
     # How the importer labels how onnxruntime runs a layer - a residual sum (`layers.SUM`), an
-    # 8-bit max pool's kernel (`MAX_NCHW`) and whether it runs dequantized - tells nothing
-    # of the network built, and profiles recorded digests before it did: the digest is the same.
+    # 8-bit max pool's kernel (`MAX_NCHW`) and whether it runs dequantized, a strided
+    # transpose or reduction (`layers.STRIDED`; the context networks reduce by means only) -
+    # tells nothing of the network built, and profiles recorded digests before it did: the
+    # digest is the same.
     def as_built(layer):
         if (layer.op, layer.fn) == ("add", SUM):
             return replace(layer, fn="")
         if layer.op == "pool" and layer.fn in ("max", MAX_NCHW):
             return replace(layer, fn="max", dequantized=False)
-        return layer
+        return as_general(layer)
 
     rows = [row_from_layer(as_built(layer), 0.0) for layer in layers]
     return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
