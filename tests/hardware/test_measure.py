@@ -261,7 +261,7 @@ def test_a_full_profile_draws_every_tenth_context_network_large_and_a_quick_one_
     import nasctl.hardware.measure.profile as profile
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_ODD
+    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_STRIDED
     nets = profile.context_networks(600, seed=7)
 
     def macs(model) -> int:
@@ -312,6 +312,38 @@ def test_a_full_profile_draws_every_tenth_other_network_with_channel_counts_not_
     for i in (0, 1, 3, 5, 13):  # the other networks: as a profile drawn before drew them
         assert profile.context_network(7, i, profile.SEEDING_ODD)[0].SerializeToString() == \
             profile.context_network(7, i, profile.SEEDING_LARGE)[0].SerializeToString()
+
+
+def test_a_full_profile_draws_every_tenth_other_network_with_strided_transposes_and_reductions(tmp_path, monkeypatch):
+    """onnxruntime runs a transpose that moves the innermost axis, and an L2 norm or a
+    reduction of axes with others inside them, without contiguous blocks (`layers.STRIDED`):
+    4-20x the time per element.  A full profile draws every tenth network (not a large
+    one) from the hybrid blocks that hold them (MobileViT, ConvNeXt-V2, EdgeNeXt); the
+    other networks are those a profile drawn before drew."""
+    import nasctl.hardware.measure.profile as profile
+    from nasctl.hardware.lut import kernel_type
+    from nasctl.hardware.measure.context import strided_network
+
+    monkeypatch.setattr(profile, "LARGE_FROM", 100)
+    nets = profile.context_networks(400, seed=7)
+    strided = [i for i in range(len(nets)) if profile.is_strided(i, profile.SEEDING_STRIDED)]
+    assert strided and all(i % 10 == profile.STRIDED_AT for i in strided)
+    assert not any(profile.is_strided(i, s) for i in range(len(nets)) for s in (profile.SEEDING_ODD,
+                                                                                 profile.SEEDING_LARGE,
+                                                                                 profile.SEEDING_PLAIN))
+    for i in strided:
+        model, description = nets[i]
+        assert description.startswith("strided ")
+        assert profile.context_network(7, i, profile.SEEDING_STRIDED)[0].SerializeToString() == \
+            model.SerializeToString()
+    types = []
+    for k in range(20):
+        onnx.save(strided_network(np.random.default_rng([7, k]))[0], str(tmp_path / "net.onnx"))
+        types += [kernel_type(layer) for layer in import_onnx(tmp_path / "net.onnx").layers]
+    assert types.count("data_strided") >= 5 and types.count("pool_strided") >= 10
+    for i in (0, 1, 4, 5, 13):  # the other networks: as a profile drawn before drew them
+        assert profile.context_network(7, i, profile.SEEDING_STRIDED)[0].SerializeToString() == \
+            profile.context_network(7, i, profile.SEEDING_ODD)[0].SerializeToString()
 
 
 def test_validation_tells_the_machines_speed_by_context_networks_the_profile_measured(tmp_path, monkeypatch):

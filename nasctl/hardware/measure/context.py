@@ -233,6 +233,26 @@ class NetBuilder:
         n, t, c = self.shapes[x]
         return self.node("ReduceMean", [x, self.const([1], np.int64)], tag, "mean", (n, 1, c), keepdims=1)
 
+    def reduce(self, x: str, op: str, axes: Sequence[int]) -> str:
+        """A reduction (ReduceMean, ReduceL2, ...) of `axes`, dims kept."""
+        tag = self._tag()
+        shape = self.shapes[x]
+        axes = [a % len(shape) for a in axes]
+        out = tuple(1 if i in axes else d for i, d in enumerate(shape))
+        return self.node(op, [x, self.const(axes, np.int64)], tag, op.lower(), out, keepdims=1)
+
+    def elementwise(self, op: str, a: str, b: str) -> str:
+        """Sub, Div, ... of two tensors, broadcast."""
+        tag = self._tag()
+        return self.node(op, [a, b], tag, op.lower(), tuple(np.broadcast_shapes(self.shapes[a], self.shapes[b])))
+
+    def l2_normalize(self, x: str) -> str:
+        """x / max(||x||, eps) over the last axis, as torch exports F.normalize: ReduceL2, Clip, Div."""
+        n = self.reduce(x, "ReduceL2", [-1])
+        tag = self._tag()
+        n = self.node("Clip", [n, self.const(1e-12)], tag, "clip", self.shapes[n])
+        return self.elementwise("Div", x, n)
+
     def model(self, output: str):
         """The ONNX model, with the shape of every tensor (so kernels can be cut out of it)."""
         from onnx import TensorProto, helper
@@ -424,6 +444,100 @@ class _Blocks:
         y = b.batch_norm(b.conv(x, cout, _pick(rng, (3, 5, 7)), groups=cout, act="gelu"))
         return b.batch_norm(b.conv(b.add(x, y), cout, 1, act="gelu"))
 
+    # -- blocks of transposes and reductions that run without contiguous blocks --
+    def channels_first_norm(self, x):
+        """A layer norm over the channels of an N, C, H, W tensor written out with reductions
+        over axis 1 (ConvNeXt's and EdgeNeXt's `channels_first` LayerNorm)."""
+        b = self.b
+        c = self.ch(x)
+        d = b.elementwise("Sub", x, b.reduce(x, "ReduceMean", [1]))
+        var = b.reduce(b.mul(d, d), "ReduceMean", [1])
+        tag = b._tag()
+        std = b.node("Sqrt", [b.node("Add", [var, b.const(1e-6)], tag, "eps", b.shapes[var])], tag, "sqrt",
+                     b.shapes[var])
+        y = b.elementwise("Div", d, std)
+        return b.add(b.mul(y, b.const(np.ones((c, 1, 1)))), b.const(np.zeros((c, 1, 1))))
+
+    def convnext_grn(self, x, cout, stride, act):
+        """A ConvNeXt-V2 block: depthwise conv, channels last, layer norm, linear x4 with GELU,
+        global response normalization (an L2 norm over the spatial axes, divided by its mean
+        over the channels), linear back, channels first, a residual add."""
+        b, rng = self.b, self.rng
+        _, _, h, w = b.shapes[x]
+        if h * w * cout * cout * 8 > self.budget:
+            return self.mbconv(x, cout, stride, act)
+        if stride > 1 or self.ch(x) != cout:
+            x = self.channels_first_norm(x) if rng.random() < 0.5 else x
+            x = b.conv(x, cout, 2 if stride > 1 else 1, stride, pad=0)
+        y = b.conv(x, cout, _pick(rng, (7, 7, 5, 3)), groups=cout)
+        tag = b._tag()
+        y = b.linear(b.layer_norm(b.transpose(y, (0, 2, 3, 1), tag)), cout * 4, act="gelu")
+        gx = b.reduce(y, "ReduceL2", [1, 2])
+        mean = b.reduce(gx, "ReduceMean", [-1])
+        tag = b._tag()
+        nx = b.elementwise("Div", gx, b.node("Add", [mean, b.const(1e-6)], tag, "eps", b.shapes[mean]))
+        y = b.add(b.add(b.mul(b.mul(y, nx), b.const(np.full(cout * 4, 0.1))), b.const(np.zeros(cout * 4))), y)
+        y = b.linear(y, cout)
+        tag = b._tag()
+        return b.add(x, b.transpose(y, (0, 3, 1, 2), tag))
+
+    def mobilevit(self, x, cout, stride, act):
+        """A MobileViT block: a local conv, 1x1 to the transformer's width, 2x2 patches
+        unfolded into 4 sequences of tokens (reshapes and transposes that move the innermost
+        axis), a transformer MLP over them, folded back, 1x1 back, concatenated with the
+        input and fused by a conv."""
+        b, rng = self.b, self.rng
+        if stride > 1 or self.ch(x) != cout:
+            x = self.mbconv(x, cout, stride, act or "swish")
+        _, c, h, w = b.shapes[x]
+        if h % 2 or w % 2 or h < 4:
+            return x
+        d = _pick(rng, (32, 48, 64, 80, 96, 144))
+        y = b.conv(b.conv(x, c, 3, act="swish"), d, 1)
+        nh, nw, n = h // 2, w // 2, h * w // 4
+        tag = b._tag()
+        y = b.reshape(b.transpose(b.reshape(y, (d * nh, 2, nw, 2), tag), (0, 2, 1, 3), tag), (1, d, n, 4), tag)
+        tag = b._tag()
+        t = b.reshape(b.transpose(y, (0, 3, 2, 1), tag), (4, n, d), tag)
+        for _ in range(int(rng.integers(1, 3))):
+            t = b.add(t, b.linear(b.linear(b.layer_norm(t), 2 * d, act="swish"), d))
+        t = b.layer_norm(t)
+        tag = b._tag()
+        y = b.transpose(b.reshape(t, (1, 4, n, d), tag), (0, 3, 2, 1), tag)
+        tag = b._tag()
+        y = b.reshape(b.transpose(b.reshape(y, (d * nh, nw, 2, 2), tag), (0, 2, 1, 3), tag), (1, d, h, w), tag)
+        y = b.conv(y, c, 1, act="swish")
+        return b.conv(b.concat([x, y]), cout, 3, act="swish")
+
+    def cross_covariance(self, x, cout, stride, act):
+        """EdgeNeXt's transposed attention (XCA) over an N, C, H, W tensor as tokens: queries
+        and keys L2-normalized over the tokens (ReduceL2 over the innermost axis), a
+        channels-by-channels attention, then an MLP; after a conv that resizes."""
+        b, rng = self.b, self.rng
+        if stride > 1 or self.ch(x) != cout:
+            x = b.conv(x, cout, 2 if stride > 1 else 1, stride, pad=0)
+        _, c, h, w = b.shapes[x]
+        t = h * w
+        heads = _pick(rng, tuple(k for k in (1, 2, 4, 8) if c % k == 0))
+        d = c // heads
+        tag = b._tag()
+        tokens = b.transpose(b.reshape(x, (1, c, t), tag), (0, 2, 1), tag)
+        y = b.layer_norm(tokens)
+
+        def heads_of(z):
+            tag = b._tag()
+            return b.transpose(b.reshape(b.linear(z, c), (1, t, heads, d), tag), (0, 2, 3, 1), tag)
+
+        q, k, v = b.l2_normalize(heads_of(y)), b.l2_normalize(heads_of(y)), heads_of(y)
+        tag = b._tag()
+        att = b.softmax(b.scale(b.matmul(q, b.transpose(k, (0, 1, 3, 2), tag)), 1.0))
+        tag = b._tag()
+        y = b.reshape(b.transpose(b.matmul(att, v), (0, 3, 1, 2), tag), (1, t, c), tag)
+        tokens = b.add(tokens, b.linear(y, c))
+        tokens = b.add(tokens, b.linear(b.linear(b.layer_norm(tokens), 4 * c, act="gelu"), c))
+        tag = b._tag()
+        return b.reshape(b.transpose(tokens, (0, 2, 1), tag), (1, c, h, w), tag)
+
     # -- token blocks --
     def attention(self, x):
         b, rng = self.b, self.rng
@@ -531,6 +645,37 @@ def odd_width_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs:
     budget = float(np.exp(rng.uniform(np.log(min_macs), np.log(max_macs))))
     model, description = _cnn_net(rng, _pick(rng, SIZES), budget, width=_any_width)
     return model, f"odd-width {description}"
+
+
+def strided_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: float = 1e6):
+    """A conv net with the blocks of hybrid models whose transposes and reductions run
+    without contiguous blocks (`layers.STRIDED`): MobileViT's patch unfolding, ConvNeXt-V2's
+    global response normalization (L2 norms over the spatial axes), EdgeNeXt's
+    L2-normalized transposed attention and layer norms over the channels axis; the other
+    context networks hold few of them, and none at large sizes."""
+    budget = float(np.exp(rng.uniform(np.log(min_macs), np.log(max_macs))))
+    size = _pick(rng, SIZES)
+    b = NetBuilder(rng, (1, 3, size, size))
+    blocks = _Blocks(b, rng, budget)
+    kinds = ("mobilevit", "convnext_grn", "cross_covariance", "mbconv", "convnext")
+    act = _pick(rng, ("swish", "gelu", "relu"))
+    width = _width(rng, _pick(rng, (16, 24, 32, 48)))
+    k = _pick(rng, (3, 4))
+    x = b.conv("input", width, k, 2 if size >= 64 else 1, act=act, pad=(k - 1) // 2)
+    if rng.random() < 0.3:
+        x = blocks.channels_first_norm(x)
+    used = []
+    while (b.macs < budget or not used) and b.shapes[x][2] >= 4 and b.kernels < 120:  # one stage at least
+        kind = _pick(rng, kinds)
+        used.append(kind)
+        cout = _width(rng, width * _pick(rng, (1.0, 1.5, 2.0)))
+        for i in range(int(rng.integers(1, 3))):
+            x = getattr(blocks, kind)(x, cout, 2 if i == 0 and b.shapes[x][2] >= 8 else 1, act)
+            if b.macs >= budget:
+                break
+        width = blocks.ch(x)
+    y = b.classifier(b.global_pool(x), _pick(rng, (10, 100, 1000)))
+    return b.model(y), f"strided {'/'.join(dict.fromkeys(used))} {size}px"
 
 
 def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(16, 24, 32, 48, 64), width=_width):
