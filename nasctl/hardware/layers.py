@@ -29,7 +29,9 @@ from typing import Optional, Sequence
 #             activation, whose output nothing else reads) and a tensor of its shape in
 #             the conv's layout: what runtimes accumulate into the conv's output buffer
 #             instead of running an add (onnxruntime's blocked-layout and fused convs, with
-#             the activation after it; `onnx_import.Graph.residual_sum`).
+#             the activation after it; `onnx_import.Graph.residual_sum`).  An add with fn
+#             "skip" (`SKIP`) is one fused with the layer norm after it into one kernel
+#             (`onnx_import.Graph.skip_sum`).
 #   act       a stand-alone activation, `fn` names it (relu, sigmoid, gelu, ...).
 #   softmax, norm (layer/instance normalisation), resize, concat, split
 #   data      data movement only: reshape, transpose, flatten, squeeze, ...
@@ -43,6 +45,10 @@ OPS = MAC_OPS | {"pool", "add", "mul", "act", "softmax", "norm", "resize", "conc
 SUM = "sum"  # the fn of an add that is a conv's residual sum (see above)
 MAX_NCHW = "max_nchw"  # the fn of an 8-bit max pool run in a plain channels-first kernel (above)
 STRIDED = "strided"  # the fn of a transpose or reduction run without contiguous blocks (above)
+# The fn of an add that a runtime fuses with the layer norm reading it into one kernel
+# (onnxruntime's SkipLayerNormalization: two float token tensors of one shape, N x T x C,
+# whose sum only the norm reads): its time is the fused kernel's share, not an add's.
+SKIP = "skip"
 # The fewest elements a transpose's copies must hold to run at memory speed.
 WHOLE_BLOCK = 16
 

@@ -67,7 +67,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..errors import UsageError
-from .layers import MAX_NCHW, STRIDED, SUM, LayerSpec, chw, reduction_is_strided, transpose_is_strided
+from .layers import MAX_NCHW, SKIP, STRIDED, SUM, LayerSpec, chw, reduction_is_strided, transpose_is_strided
 
 Shape = tuple[int, ...]
 
@@ -227,6 +227,25 @@ class Graph:
         except UnknownShape:
             return False
         return any(self._accumulates(a) and self._blocked(b) for a, b in (data, data[::-1]))
+
+    def skip_sum(self, node: Node) -> bool:
+        """Whether an Add is one onnxruntime fuses with the layer norm after it into one
+        SkipLayerNormalization (`layers.SKIP`): two float tensors of its output's shape, of
+        rank 3 (tokens), and a sum that only a LayerNormalization over the last axis reads
+        (onnxruntime 1.32 fuses no add whose sum anything else reads, nor one that
+        broadcasts, nor one of rank 2 or 4)."""
+        data = [n for n in node.inputs if n]
+        y = node.outputs[0]
+        if len(data) != 2 or any(self.is_const(n) or self.bits(n) != 32 for n in data) or y in self.outputs:
+            return False
+        readers = self.consumers.get(y, ())
+        if len(readers) != 1 or readers[0].op_type != "LayerNormalization" or \
+                int(readers[0].attrs.get("axis", -1)) not in (-1, 2):
+            return False
+        try:
+            return len(self.shape(y)) == 3 and all(self.shape(n) == self.shape(y) for n in data)
+        except UnknownShape:
+            return False
 
     def _accumulates(self, name: str) -> bool:
         """Whether the layer writing tensor `name` can accumulate a residual into it (see
@@ -424,7 +443,9 @@ def _binary(op: str, fn: str = "", bias: bool = False, scale: bool = False) -> H
             return []
         if scale and g.scales_product(node, x):
             return []
-        kind = SUM if node.op_type == "Add" and g.residual_sum(node) else fn
+        kind = fn
+        if node.op_type == "Add":
+            kind = SUM if g.residual_sum(node) else SKIP if g.skip_sum(node) else fn
         return [g.layer(op, node, x, node.outputs[0], x_shape=node.outputs[0], fn=kind)]
     return handle
 

@@ -290,6 +290,37 @@ def test_a_residual_sum_is_told_apart_as_onnxruntime_fuses_it(tmp_path, conv_act
     assert ("Add" in ran) == (fn != "sum"), ran
 
 
+@pytest.mark.parametrize("shape, other, read_elsewhere, fn", [
+    ([1, 16, 32], [1, 16, 32], False, "skip"),  # a token sum only a layer norm reads: one fused kernel
+    ([1, 16, 32], [1, 16, 32], True, ""),       # the sum is read elsewhere too (a residual stream)
+    ([1, 4, 4, 32], [1, 4, 4, 32], False, ""),  # not tokens: channels-last maps
+    ([1, 16, 32], [1, 1, 32], False, ""),       # a broadcast operand
+])
+def test_an_add_fused_into_the_layer_norm_after_it_is_told_apart(tmp_path, shape, other, read_elsewhere, fn):
+    """An Add onnxruntime fuses with the LayerNormalization reading it (one
+    SkipLayerNormalization in the graph it runs) is an add with fn "skip"; any other
+    stays a stand-alone add, as onnxruntime runs it."""
+    import onnxruntime as ort
+
+    c = shape[-1]
+    nodes = [node("Add", ["a", "b"], ["s"]), node("LayerNormalization", ["s", "g", "be"], ["y"], axis=-1)]
+    outputs = ["y"]
+    if read_elsewhere:
+        nodes.append(node("Relu", ["s"], ["r"]))
+        outputs.append("r")
+    path = save(tmp_path / "m.onnx", nodes, {"a": shape, "b": other}, outputs,
+                [const("g", np.ones(c)), const("be", np.zeros(c))])
+    adds = [l for l in import_onnx(path).layers if l.op == "add"]
+    assert [l.fn for l in adds] == [fn]
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    ran = {n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node}
+    assert ("SkipLayerNormalization" in ran) == (fn == "skip"), ran
+
+
 def test_element_wise_math_is_a_stand_alone_activation(tmp_path):
     nodes = [node("Conv", ["x", "w"], ["c"]), node("PRelu", ["c", "slope"], ["p"]), node("Exp", ["p"], ["e"]),
              node("Pow", ["e", "two"], ["y"])]
