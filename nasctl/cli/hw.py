@@ -97,7 +97,9 @@ def profile(
     From 5,000 kernels on, every tenth network is a large one (0.1-1 GMAC), timed to fit
     how much slower kernels run in models of that size, and every tenth of the others has
     channel counts of any integer (depthwise convs of channels not a multiple of 4 run
-    channel by channel).  About fifteen to twenty-five
+    channel by channel) and every tenth the blocks of conv-attention hybrids (MobileViT,
+    ConvNeXt-V2, EdgeNeXt), whose transposes and reductions run without contiguous blocks.
+    About fifteen to twenty-five
     minutes with the defaults on two cores (three sessions take about 40% longer than one).
     --refit fits a profiled device again without measuring (minutes), e.g. after an
     upgrade that tells more kernels apart."""
