@@ -281,13 +281,20 @@ def test_a_residual_sum_is_told_apart_as_onnxruntime_fuses_it(tmp_path, conv_act
         assert adds == []  # folded into the conv as its bias
         return
     assert [l.fn for l in adds] == [fn]
+    ran = optimized_ops(path, tmp_path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    assert ("Add" in ran) == (fn != "sum"), ran
+
+
+def optimized_ops(path, tmp_path, level) -> set:
+    """The op types of the graph onnxruntime optimizes the model at `path` into."""
+    import onnxruntime as ort
+
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.graph_optimization_level = level
     so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    ran = {n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node}
-    assert ("Add" in ran) == (fn != "sum"), ran
+    return {n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node}
 
 
 @pytest.mark.parametrize("shape, other, read_elsewhere, fn", [
@@ -312,12 +319,7 @@ def test_an_add_fused_into_the_layer_norm_after_it_is_told_apart(tmp_path, shape
                 [const("g", np.ones(c)), const("be", np.zeros(c))])
     adds = [l for l in import_onnx(path).layers if l.op == "add"]
     assert [l.fn for l in adds] == [fn]
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    ran = {n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node}
+    ran = optimized_ops(path, tmp_path, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)
     assert ("SkipLayerNormalization" in ran) == (fn == "skip"), ran
 
 

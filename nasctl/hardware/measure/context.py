@@ -664,18 +664,27 @@ def strided_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: f
     x = b.conv("input", width, k, 2 if size >= 64 else 1, act=act, pad=(k - 1) // 2)
     if rng.random() < 0.3:
         x = blocks.channels_first_norm(x)
-    used = []
-    while (b.macs < budget or not used) and b.shapes[x][2] >= 4 and b.kernels < 120:  # one stage at least
-        kind = _pick(rng, kinds)
-        used.append(kind)
-        cout = _width(rng, width * _pick(rng, (1.0, 1.5, 2.0)))
-        for i in range(int(rng.integers(1, 3))):
-            x = getattr(blocks, kind)(x, cout, 2 if i == 0 and b.shapes[x][2] >= 8 else 1, act)
-            if b.macs >= budget:
-                break
-        width = blocks.ch(x)
+    x, used = _stages(blocks, x, act, lambda _: _pick(rng, kinds), _width, repeats=2, at_least_one=True)
     y = b.classifier(b.global_pool(x), _pick(rng, (10, 100, 1000)))
     return b.model(y), f"strided {'/'.join(dict.fromkeys(used))} {size}px"
+
+
+def _stages(blocks: _Blocks, x: str, act: str, next_kind, width_of, repeats: int, at_least_one: bool = False):
+    """Stages of blocks until the network's MACs reach its budget (or its maps 4 px, or 120
+    kernels): each of `next_kind(the last kind)`, widening by 1-2x (`width_of(rng, near)`),
+    of 1 to `repeats` blocks, the first with stride 2.  The output and the kinds used."""
+    b, rng = blocks.b, blocks.rng
+    width, used = blocks.ch(x), []
+    while (b.macs < blocks.budget or (at_least_one and not used)) and b.shapes[x][2] >= 4 and b.kernels < 120:
+        kind = next_kind(used[-1] if used else None)
+        used.append(kind)
+        cout = width_of(rng, width * _pick(rng, (1.0, 1.5, 2.0)))
+        for i in range(int(rng.integers(1, repeats + 1))):
+            x = getattr(blocks, kind)(x, cout, 2 if i == 0 and b.shapes[x][2] >= 8 else 1, act)
+            if b.macs >= blocks.budget:
+                break
+        width = blocks.ch(x)
+    return x, used
 
 
 def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(16, 24, 32, 48, 64), width=_width):
@@ -694,15 +703,9 @@ def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(1
     x = b.conv("input", width, _pick(rng, (3, 3, 5, 7)) if kind != "mixer_conv" else 1, stride, act=act or "relu")
     if size >= 112 and rng.random() < 0.5:
         x = b.pool(x, "max", 3, 2, 1)
-    while b.macs < budget and b.shapes[x][2] >= 4 and b.kernels < 120:
-        if rng.random() < 0.3:
-            kind = _pick(rng, kinds)
-        cout = width_of(rng, width * _pick(rng, (1.0, 1.5, 2.0)))
-        for i in range(int(rng.integers(1, 4))):
-            x = getattr(blocks, kind)(x, cout, 2 if i == 0 and b.shapes[x][2] >= 8 else 1, act)
-            if b.macs >= budget:
-                break
-        width = blocks.ch(x)
+    x, used = _stages(blocks, x, act, lambda last: _pick(rng, kinds) if rng.random() < 0.3 else last or kind,
+                      width_of, repeats=3)
+    kind, width = (used[-1] if used else kind), blocks.ch(x)
     if rng.random() < 0.3:
         x = b.conv(x, width_of(rng, 4 * width), 1, act=act or "relu")
     if rng.random() < 0.2:
