@@ -352,10 +352,11 @@ _GENERAL_FN = {("pool", MAX_NCHW): "max", ("data", STRIDED): "transpose", ("pool
 
 def as_general(layer: LayerSpec) -> LayerSpec:
     """A layer of a kernel type told apart from its op's others (a plain-kernel 8-bit max
-    pool, a strided transpose or reduction) as the layer of the general type it also is,
-    for a table without rows of its own type; any other layer as it is."""
+    pool, a strided transpose or reduction, an add fused into a layer norm) as the layer of
+    the general type it also is, for a table without rows of its own type; any other layer
+    as it is."""
     fn = _GENERAL_FN.get((layer.op, layer.fn))
-    return replace(layer, fn=fn) if fn else layer
+    return replace(layer, fn=fn) if fn is not None else layer
 
 
 def _fallback_type(ktype: str) -> str:

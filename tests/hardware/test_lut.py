@@ -487,6 +487,33 @@ def test_residual_sums_are_priced_apart_from_stand_alone_adds_and_as_adds_where_
     assert both.estimate([add]).latency_ms > 10 * both.estimate([summed]).latency_ms
 
 
+def test_adds_fused_into_a_layer_norm_and_strided_ops_are_priced_apart_and_as_their_op_where_the_table_has_none(rows):
+    """An add fused with the layer norm after it (`SKIP`), a strided transpose or reduction
+    (`STRIDED`): their own rows price them, the others keep theirs; a table without such
+    rows prices them as the plain add, transpose or average they also are."""
+    from nasctl.hardware.layers import SKIP, STRIDED
+    from nasctl.hardware.lut import as_general, kernel_type
+
+    def add(t, fn=""):
+        return LayerSpec("add", 64, 64, (t, 1), (t, 1), fn=fn)
+
+    def transpose(t, fn="transpose"):
+        return LayerSpec("data", 64, 64, (t, 4), (t, 4), fn=fn)
+
+    plain = [row_from_layer(add(t), 2e-7 * 64 * t) for t in (16, 64, 196, 400)]
+    fused = [row_from_layer(add(t, SKIP), 2e-6 * 64 * t) for t in (16, 64, 196, 400)]
+    moved = [row_from_layer(transpose(t), 3e-7 * 256 * t) for t in (16, 64, 196, 400)]
+    assert kernel_type(add(100, SKIP)) == "add_skip" and kernel_type(transpose(100, STRIDED)) == "data_strided"
+    assert as_general(add(100, SKIP)) == add(100) and as_general(transpose(100, STRIDED)) == transpose(100)
+    without = device(rows + plain + moved, overhead={"per_layer_ms": 0.0})
+    assert without.estimate([add(100, SKIP)]).latency_ms == pytest.approx(without.estimate([add(100)]).latency_ms)
+    assert without.estimate([transpose(100, STRIDED)]).latency_ms == pytest.approx(
+        without.estimate([transpose(100)]).latency_ms)
+    both = device(rows + plain + fused + moved, overhead={"per_layer_ms": 0.0})
+    assert both.estimate([add(100, SKIP)]).latency_ms == pytest.approx(2e-6 * 6400, rel=0.3)
+    assert both.estimate([add(100)]).latency_ms == pytest.approx(without.estimate([add(100)]).latency_ms)
+
+
 def test_plain_kernel_int8_max_pools_are_priced_apart_and_as_max_pools_where_the_table_has_none(rows):
     """An 8-bit max pool onnxruntime runs in its plain channels-first kernel (`MAX_NCHW`)
     costs many times one in the channels-last layout: its own rows price it, the other

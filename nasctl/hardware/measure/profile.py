@@ -133,9 +133,9 @@ def layers_digest(layers: Sequence) -> str:
 
     # How the importer labels how onnxruntime runs a layer - a residual sum (`layers.SUM`), an
     # 8-bit max pool's kernel (`MAX_NCHW`) and whether it runs dequantized, a strided
-    # transpose or reduction (`layers.STRIDED`; the context networks reduce by means only) -
-    # tells nothing of the network built, and profiles recorded digests before it did: the
-    # digest is the same.
+    # transpose or reduction (`layers.STRIDED`), an add fused into a layer norm
+    # (`layers.SKIP`) - tells nothing of the network built, and profiles recorded digests
+    # before it did: the digest is the same.
     def as_built(layer):
         if (layer.op, layer.fn) == ("add", SUM):
             return replace(layer, fn="")
