@@ -8,7 +8,10 @@ shuffle units, U-Net
 encoder-decoders (max pooling, nearest/linear resize or transposed conv, skip
 concatenation), and transformer / mixer blocks (layer norm, linear, attention matmuls,
 softmax, GELU; some with a depthwise conv in the MLP and a stand-alone activation, as
-PVT-v2; up to 1,600 narrow tokens, as the first stages of hierarchical transformers) -
+PVT-v2; up to 1,600 narrow tokens, as the first stages of hierarchical transformers),
+and the blocks of conv-attention hybrids whose transposes and reductions run without
+contiguous blocks (`strided_network`: MobileViT's patch unfolding, ConvNeXt-V2's GRN,
+EdgeNeXt's L2-normalised transposed attention, layer norms over the channels axis) -
 over inputs of 32-224 px, 3-1024 channels, kernels 1-9 (and patch embeddings), strides
 1-2, dense, grouped and depthwise convs, float32 and int8 (conv nets and transformers
 quantized by onnxruntime's static quantizer, QDQ, weights per tensor or per channel, as
