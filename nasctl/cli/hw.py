@@ -98,7 +98,9 @@ def profile(
     how much slower kernels run in models of that size, and every tenth of the others has
     channel counts of any integer (depthwise convs of channels not a multiple of 4 run
     channel by channel) and every tenth the blocks of conv-attention hybrids (MobileViT,
-    ConvNeXt-V2, EdgeNeXt), whose transposes and reductions run without contiguous blocks.
+    ConvNeXt-V2, EdgeNeXt), whose transposes and reductions run without contiguous blocks,
+    and every tenth 2-40 MB of weights, most in a linear head (where a classifier's
+    weights stop fitting in the caches).
     About fifteen to twenty-five
     minutes with the defaults on two cores (three sessions take about 40% longer than one).
     --refit fits a profiled device again without measuring (minutes), e.g. after an

@@ -261,7 +261,7 @@ def test_a_full_profile_draws_every_tenth_context_network_large_and_a_quick_one_
     import nasctl.hardware.measure.profile as profile
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_STRIDED
+    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_HEADED
     nets = profile.context_networks(600, seed=7)
 
     def macs(model) -> int:
@@ -344,6 +344,41 @@ def test_a_full_profile_draws_every_tenth_other_network_with_strided_transposes_
     for i in (0, 1, 4, 5, 13):  # the other networks: as a profile drawn before drew them
         assert profile.context_network(7, i, profile.SEEDING_STRIDED)[0].SerializeToString() == \
             profile.context_network(7, i, profile.SEEDING_ODD)[0].SerializeToString()
+
+
+def test_a_full_profile_draws_every_tenth_other_network_with_most_of_its_weights_in_a_linear_head(tmp_path,
+                                                                                                   monkeypatch):
+    """A layer that multiplies one row by a weight matrix (a classifier) reads its weights
+    from the caches in a model of a few MB of weights and from memory in a larger one
+    (`lut.WeightStream`).  A full profile draws every tenth network (not a large one) with
+    2-40 MB of weights, most of them in a linear head, to place that change; the other
+    networks are those a profile drawn before drew."""
+    import nasctl.hardware.measure.profile as profile
+    from nasctl.hardware.lut import streams_weights, weight_bytes
+    from nasctl.hardware.measure.context import headed_network
+
+    monkeypatch.setattr(profile, "LARGE_FROM", 100)
+    nets = profile.context_networks(400, seed=7)
+    headed = [i for i in range(len(nets)) if profile.is_headed(i, profile.SEEDING_HEADED)]
+    assert headed and all(i % 10 == profile.HEADED_AT for i in headed)
+    assert not any(profile.is_headed(i, s) for i in range(len(nets)) for s in (
+        profile.SEEDING_STRIDED, profile.SEEDING_ODD, profile.SEEDING_LARGE, profile.SEEDING_PLAIN))
+    for i in headed:
+        model, description = nets[i]
+        assert description.startswith("headed ")
+        assert profile.context_network(7, i, profile.SEEDING_HEADED)[0].SerializeToString() == \
+            model.SerializeToString()
+    weights, shares = [], []
+    for k in range(20):
+        onnx.save(headed_network(np.random.default_rng([7, k]))[0], str(tmp_path / "net.onnx"))
+        layers = import_onnx(tmp_path / "net.onnx").layers
+        weights.append(weight_bytes(layers))
+        shares.append(sum(layer.params * layer.w_bits / 8 for layer in layers if streams_weights(layer)) / weights[-1])
+    assert min(weights) < 5e6 and max(weights) > 12e6 and sum(5e6 <= w <= 20e6 for w in weights) >= 8
+    assert np.median(shares) > 0.5
+    for i in (0, 2, 4, 5, 7, 13):  # the other networks: as a profile drawn before drew them
+        assert profile.context_network(7, i, profile.SEEDING_HEADED)[0].SerializeToString() == \
+            profile.context_network(7, i, profile.SEEDING_STRIDED)[0].SerializeToString()
 
 
 def test_validation_tells_the_machines_speed_by_context_networks_the_profile_measured(tmp_path, monkeypatch):

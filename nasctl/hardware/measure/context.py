@@ -11,7 +11,8 @@ softmax, GELU; some with a depthwise conv in the MLP and a stand-alone activatio
 PVT-v2; up to 1,600 narrow tokens, as the first stages of hierarchical transformers),
 and the blocks of conv-attention hybrids whose transposes and reductions run without
 contiguous blocks (`strided_network`: MobileViT's patch unfolding, ConvNeXt-V2's GRN,
-EdgeNeXt's L2-normalised transposed attention, layer norms over the channels axis) -
+EdgeNeXt's L2-normalised transposed attention, layer norms over the channels axis), and
+conv nets whose linear heads hold most of their 2-40 MB of weights (`headed_network`) -
 over inputs of 32-224 px, 3-1024 channels, kernels 1-9 (and patch embeddings), strides
 1-2, dense, grouped and depthwise convs, float32 and int8 (conv nets and transformers
 quantized by onnxruntime's static quantizer, QDQ, weights per tensor or per channel, as
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -72,6 +73,10 @@ class NetBuilder:
         self.nodes.append(helper.make_node(op, inputs, [name], name=f"{tag}{op.lower()}_{len(self.nodes)}", **attrs))
         self.shapes[name] = tuple(shape)
         return name
+
+    def weight_bytes(self) -> float:
+        """The float32 weights written so far, in bytes."""
+        return 4.0 * sum(int(np.prod(t.dims)) for t in self.inits)
 
     def _weight(self, shape: Sequence[int], fan_in: int) -> str:
         return self.const(self.rng.standard_normal(shape) / np.sqrt(max(fan_in, 1)))
@@ -650,6 +655,32 @@ def odd_width_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs:
     return model, f"odd-width {description}"
 
 
+HEADED_WEIGHTS = (2e6, 4e7)  # the weight bytes a headed network is drawn to hold (log-uniform)
+
+
+def headed_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: float = 1e6):
+    """A conv net whose head holds most of its weights, as in small published models
+    (MobileNetV3's 576->1024->1000 and RepGhostNet's 1280->1000 after a few MB of convs):
+    global pooling, a linear layer to a hidden width, an activation and a 100- or
+    1000-class classifier, the hidden width drawn so that the network holds 2-40 MB of
+    weights (`HEADED_WEIGHTS`, log-uniform).  Such layers read their weights once per run,
+    from the caches or from memory by the model's weight bytes (`lut.WeightStream`); the
+    other context networks place few of them at 5-20 MB, where that changes."""
+    budget = float(np.exp(rng.uniform(np.log(min_macs), np.log(max_macs))))
+    target = float(np.exp(rng.uniform(*np.log(HEADED_WEIGHTS))))
+
+    def head(b: NetBuilder, x: str) -> str:
+        c, classes = b.shapes[x][1], _pick(rng, (100, 1000, 1000))
+        left = max(target - b.weight_bytes(), 0.0)
+        hidden = int(np.clip(round(left / 4 / (c + classes) / 8) * 8, 64, 8192))
+        y = b.classifier(b.global_pool(x), hidden)
+        fn = _pick(rng, ("hardswish", "relu", "gelu", ""))
+        return b.classifier(b.act(y, fn) if fn else y, classes)
+
+    model, description = _cnn_net(rng, _pick(rng, SIZES), budget, head=head)
+    return model, f"headed {description}"
+
+
 def strided_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: float = 1e6):
     """A conv net with the blocks of hybrid models whose transposes and reductions run
     without contiguous blocks (`layers.STRIDED`): MobileViT's patch unfolding, ConvNeXt-V2's
@@ -690,11 +721,12 @@ def _stages(blocks: _Blocks, x: str, act: str, next_kind, width_of, repeats: int
     return x, used
 
 
-def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(16, 24, 32, 48, 64), width=_width):
+def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(16, 24, 32, 48, 64), width=_width,
+             head: Optional[Callable[[NetBuilder, str], str]] = None):
     """A conv net; with `int8`, one to be quantized: its activations are those static
     quantization folds into a kernel's output range (others would run apart, in float
     between quantization pairs, inside one kernel's tag).  `width(rng, near)` draws its
-    channel counts."""
+    channel counts; `head(builder, features)` writes its head (a classifier by default)."""
     b = NetBuilder(rng, (1, channels, size, size))
     blocks = _Blocks(b, rng, budget)
     kinds = ("plain", "basic", "bottleneck", "mbconv", "fire", "dense", "shuffle", "grouped", "mixconv",
@@ -711,7 +743,9 @@ def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(1
     kind, width = (used[-1] if used else kind), blocks.ch(x)
     if rng.random() < 0.3:
         x = b.conv(x, width_of(rng, 4 * width), 1, act=act or "relu")
-    if rng.random() < 0.2:
+    if head is not None:
+        y = head(b, x)
+    elif rng.random() < 0.2:
         y = b.global_pool(b.conv(x, _pick(rng, (10, 100, 1000)), 1, act="relu"))
     else:
         y = b.classifier(b.global_pool(x), _pick(rng, (10, 100, 1000)))

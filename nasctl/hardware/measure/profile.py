@@ -22,7 +22,7 @@ import numpy as np
 
 from .attribution import (FLOOR_MS, MeasuredNetwork, in_context_costs, measure_networks, measured_network,
                           prepare_networks, tagged_by_kernel)
-from .context import OPSET, TAG, odd_width_network, random_network, strided_network
+from .context import OPSET, TAG, headed_network, odd_width_network, random_network, strided_network
 from .runner import Protocol, measure_chunks
 from .timing import measure_models
 
@@ -50,24 +50,31 @@ def reference_networks(n: int = 3) -> list:
 # from a seed of its own, [seed, index], so that any one of them can be built again alone;
 # in a profile of LARGE_FROM kernels or more, every LARGE_EVERY-th a large one.  Since
 # odd-width networks were added (SEEDING_ODD), every ODD_EVERY-th of the others from ODD_AT
-# on is one, and since strided-op networks were (SEEDING_STRIDED), every ODD_EVERY-th from
-# STRIDED_AT; profiles drawn before build their networks as they were drawn.
+# on is one, since strided-op networks were (SEEDING_STRIDED), every ODD_EVERY-th from
+# STRIDED_AT, and since headed networks were (SEEDING_HEADED), every ODD_EVERY-th from
+# HEADED_AT; profiles drawn before build their networks as they were drawn.
 SEEDING_PLAIN, SEEDING_LARGE = "per network", "per network, large every 10th"
 SEEDING_ODD = "per network, large every 10th, odd widths every 10th"
 SEEDING_STRIDED = "per network, large every 10th, odd widths every 10th, strided ops every 10th"
+SEEDING_HEADED = "per network, large every 10th, odd widths every 10th, strided ops every 10th, headed every 10th"
 # profiles whose context networks can be built again
-SEEDINGS = (SEEDING_PLAIN, SEEDING_LARGE, SEEDING_ODD, SEEDING_STRIDED)
+SEEDINGS = (SEEDING_PLAIN, SEEDING_LARGE, SEEDING_ODD, SEEDING_STRIDED, SEEDING_HEADED)
 LARGE_EVERY, LARGE_FROM = 10, 5000
-ODD_EVERY, ODD_AT, STRIDED_AT = 10, 4, 7
+ODD_EVERY, ODD_AT, STRIDED_AT, HEADED_AT = 10, 4, 7, 1
 LARGE_MACS = (1e8, 1e9)
 LARGE_PREFIX = "large "  # a large network's description starts so
 
 
 def seeding_for(kernels: int) -> str:
     """How the context networks of a profile of `kernels` kernels are drawn: with large
-    networks (`is_large`), odd-width ones (`is_odd_width`) and strided-op ones (`is_strided`)
-    from LARGE_FROM kernels on (a quick profile stays quick)."""
-    return SEEDING_STRIDED if kernels >= LARGE_FROM else SEEDING_PLAIN
+    networks (`is_large`), odd-width ones (`is_odd_width`), strided-op ones (`is_strided`)
+    and headed ones (`is_headed`) from LARGE_FROM kernels on (a quick profile stays quick)."""
+    return SEEDING_HEADED if kernels >= LARGE_FROM else SEEDING_PLAIN
+
+
+def _since(seeding: str, first: str) -> bool:
+    """Whether `seeding` is `first` or one added after it (each keeps its predecessors' networks)."""
+    return seeding in SEEDINGS[SEEDINGS.index(first):]
 
 
 def is_large(index: int, seeding: str) -> bool:
@@ -76,19 +83,26 @@ def is_large(index: int, seeding: str) -> bool:
     kernels in a small network (their tensors have left the caches by the time they run
     again).  Without them the working-set slope (`lut.WorkingSet`) is fitted on small
     networks alone and prices published models low."""
-    return seeding in (SEEDING_LARGE, SEEDING_ODD, SEEDING_STRIDED) and index % LARGE_EVERY == LARGE_EVERY - 1
+    return _since(seeding, SEEDING_LARGE) and index % LARGE_EVERY == LARGE_EVERY - 1
 
 
 def is_odd_width(index: int, seeding: str) -> bool:
     """Whether context network `index` is an odd-width conv net (`context.odd_width_network`):
     channel counts not a multiple of 4, whose depthwise convs run channel by channel."""
-    return seeding in (SEEDING_ODD, SEEDING_STRIDED) and index % ODD_EVERY == ODD_AT
+    return _since(seeding, SEEDING_ODD) and index % ODD_EVERY == ODD_AT
 
 
 def is_strided(index: int, seeding: str) -> bool:
     """Whether context network `index` is a strided-op one (`context.strided_network`):
     transposes and reductions that run without contiguous blocks, at every size."""
-    return seeding == SEEDING_STRIDED and index % ODD_EVERY == STRIDED_AT
+    return _since(seeding, SEEDING_STRIDED) and index % ODD_EVERY == STRIDED_AT
+
+
+def is_headed(index: int, seeding: str) -> bool:
+    """Whether context network `index` is a headed one (`context.headed_network`): 2-40 MB
+    of weights, most in a linear head, placing where such layers start to read their
+    weights from memory (`lut.WeightStream`)."""
+    return _since(seeding, SEEDING_HEADED) and index % ODD_EVERY == HEADED_AT
 
 
 def context_network(seed: int, index: int, seeding: str):
@@ -102,6 +116,8 @@ def context_network(seed: int, index: int, seeding: str):
         return odd_width_network(rng)
     if is_strided(index, seeding):
         return strided_network(rng)
+    if is_headed(index, seeding):
+        return headed_network(rng)
     return random_network(rng)
 
 
