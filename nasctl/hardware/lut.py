@@ -104,7 +104,7 @@ WORKING_SET_CLIP = (0.5, 2.0)
 
 class WeightStream(_Strict):
     """A layer that multiplies one row by a weight matrix (`streams_weights`: a classifier,
-    a linear layer at one position) does little besides reading its weights once per run,
+    a linear layer at one position, a 1x1 conv on a 1x1 map) does little besides reading its weights once per run,
     so it runs at the speed they arrive: from the caches where the model's weights all stay
     there between runs, from memory where they do not.  Its price is the table's (whose
     rows hold the resident speed, `resident_ms_per_mb`) plus its weights' megabytes times
@@ -132,8 +132,11 @@ class WeightStream(_Strict):
 
 
 def streams_weights(layer: LayerSpec) -> bool:
-    """Whether `layer` is a product of one row with a float weight matrix (`WeightStream`)."""
-    return (layer.op == "linear" and layer.out_hw[0] * layer.out_hw[1] == 1 and layer.groups == 1
+    """Whether `layer` is a product of one row with a float weight matrix (`WeightStream`): a
+    linear layer at one position, or a 1x1 conv on a 1x1 map (a squeeze-excite layer, or
+    the head many models apply after global pooling, which onnxruntime runs as that product)."""
+    one_row = layer.op == "linear" or (layer.op == "conv" and layer.kernel == (1, 1) and layer.in_hw == (1, 1))
+    return (one_row and layer.out_hw[0] * layer.out_hw[1] == 1 and layer.groups == 1
             and layer.w_bits == 32 and not layer.dequantized)
 
 

@@ -345,6 +345,9 @@ def test_a_classifier_reads_its_weights_from_the_caches_in_a_small_model_and_fro
     assert streams_weights(head)
     assert not streams_weights(LayerSpec("linear", 1280, 1000, (16, 1), (16, 1)))  # 16 rows: compute, not reading
     assert not streams_weights(replace(head, w_bits=8, a_bits=8)) and not streams_weights(conv(64, 64, 8))
+    conv_head = LayerSpec("conv", 960, 1280, (1, 1), (1, 1))  # a 1x1 conv after global pooling: the same product
+    assert streams_weights(conv_head) and not streams_weights(replace(conv_head, groups=2))
+    assert not streams_weights(LayerSpec("conv", 960, 1280, (2, 2), (1, 1), kernel=(2, 2)))  # a window, not a row
     table = rows + [row_from_layer(head, 0.1)]  # its resident time
     stream = {"cache_bytes": 10e6, "width": 0.2, "resident_ms_per_mb": 0.02, "streamed_ms_per_mb": 0.045}
     plain, streaming = device(table), device(table, overhead={"weight_stream": stream})
