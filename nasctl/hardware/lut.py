@@ -116,6 +116,9 @@ class WeightStream(_Strict):
     width: PositiveFloat               # the change's width, in e-folds of weight bytes
     resident_ms_per_mb: NonNegativeFloat
     streamed_ms_per_mb: NonNegativeFloat
+    # Whether 1x1 convs on 1x1 maps count as such layers (`streams_weights`): fits before they
+    # did keep those convs' reading in their table rows, and price them as before.
+    convs: bool = False
 
     def rate(self, weights: float) -> float:
         """Milliseconds per megabyte of weights read in a model of `weights` bytes."""
@@ -126,16 +129,18 @@ class WeightStream(_Strict):
     def extra_ms(self, layer: LayerSpec, weights: float) -> float:
         """What `layer` costs beyond its resident price in a model of `weights` weight bytes
         (0 for a layer that does not stream its weights)."""
-        if not streams_weights(layer):
+        if not streams_weights(layer, self.convs):
             return 0.0
         return layer.params * layer.w_bits / 8e6 * (self.rate(weights) - self.resident_ms_per_mb)
 
 
-def streams_weights(layer: LayerSpec) -> bool:
+def streams_weights(layer: LayerSpec, convs: bool = True) -> bool:
     """Whether `layer` is a product of one row with a float weight matrix (`WeightStream`): a
-    linear layer at one position, or a 1x1 conv on a 1x1 map (a squeeze-excite layer, or
-    the head many models apply after global pooling, which onnxruntime runs as that product)."""
-    one_row = layer.op == "linear" or (layer.op == "conv" and layer.kernel == (1, 1) and layer.in_hw == (1, 1))
+    linear layer at one position, or (with `convs`) a 1x1 conv on a 1x1 map (a squeeze-excite
+    layer, or the head many models apply after global pooling, which onnxruntime runs as
+    that product)."""
+    one_row = layer.op == "linear" or (convs and layer.op == "conv" and layer.kernel == (1, 1)
+                                       and layer.in_hw == (1, 1))
     return (one_row and layer.out_hw[0] * layer.out_hw[1] == 1 and layer.groups == 1
             and layer.w_bits == 32 and not layer.dequantized)
 

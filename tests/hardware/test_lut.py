@@ -346,8 +346,11 @@ def test_a_classifier_reads_its_weights_from_the_caches_in_a_small_model_and_fro
     assert not streams_weights(LayerSpec("linear", 1280, 1000, (16, 1), (16, 1)))  # 16 rows: compute, not reading
     assert not streams_weights(replace(head, w_bits=8, a_bits=8)) and not streams_weights(conv(64, 64, 8))
     conv_head = LayerSpec("conv", 960, 1280, (1, 1), (1, 1))  # a 1x1 conv after global pooling: the same product
-    assert streams_weights(conv_head) and not streams_weights(replace(conv_head, groups=2))
-    assert not streams_weights(LayerSpec("conv", 960, 1280, (2, 2), (1, 1), kernel=(2, 2)))  # a window, not a row
+    assert streams_weights(conv_head) and not streams_weights(conv_head, convs=False)
+    for other in (replace(conv_head, groups=2), replace(conv_head, kernel=(3, 3)),  # a 3x3 on a padded 1x1 map
+                  replace(conv_head, in_hw=(2, 2), stride=2), replace(conv_head, in_hw=(2, 2), kernel=(2, 2)),
+                  replace(conv_head, w_bits=8, a_bits=8), replace(conv_head, dequantized=True)):
+        assert not streams_weights(other), other
     table = rows + [row_from_layer(head, 0.1)]  # its resident time
     stream = {"cache_bytes": 10e6, "width": 0.2, "resident_ms_per_mb": 0.02, "streamed_ms_per_mb": 0.045}
     plain, streaming = device(table), device(table, overhead={"weight_stream": stream})
@@ -364,6 +367,16 @@ def test_a_classifier_reads_its_weights_from_the_caches_in_a_small_model_and_fro
         assert got.costs[-1].mapping == "table + weights streamed"
     # the same classifier costs about twice as much in the large model as in the small one
     assert streaming.estimate(large).costs[-1].latency_ms > 1.9 * streaming.estimate(small).costs[-1].latency_ms
+    # a conv head reads its weights alike where the fit counted such convs; a device fitted
+    # before they counted (no `convs`) kept their reading in its rows and prices them as it did
+    model = large[:-1] + [replace(conv_head, in_ch=1280, out_ch=1000)]
+    with_conv = table + [row_from_layer(model[-1], 0.1)]
+    want = device(with_conv).estimate(model).costs[-1].latency_ms
+    extra = model[-1].params * 4 / 1e6 * (WeightStream(**stream).rate(weight_bytes(model)) - 0.02)
+    assert extra > 0.1
+    for counted, want_extra in ((True, extra), (False, 0.0)):
+        dev = device(with_conv, overhead={"weight_stream": {**stream, **({"convs": True} if counted else {})}})
+        assert dev.estimate(model).costs[-1].latency_ms - want == pytest.approx(want_extra)
 
 
 def test_a_working_set_without_a_positive_reference_is_refused_in_one_line(tmp_path, rows):

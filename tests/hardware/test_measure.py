@@ -643,6 +643,7 @@ def test_the_profile_fits_where_a_classifier_reads_its_weights_from_memory():
     assert 7.5e6 < stream["cache_bytes"] < 40e6  # between the small networks and the large ones
     assert stream["resident_ms_per_mb"] == pytest.approx(0.02 + 3e-3 / 5, rel=0.3)
     assert stream["streamed_ms_per_mb"] == pytest.approx(0.045 + 3e-3 / 5, rel=0.3)
+    assert stream["convs"] is True  # a fit of this version counts 1x1 convs on 1x1 maps (`lut.streams_weights`)
     device, without = fitted.device(), fitted.device()
     without.spec = without.spec.model_copy(update={"overhead": without.spec.overhead.model_copy(
         update={"weight_stream": None})})

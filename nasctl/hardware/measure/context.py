@@ -75,7 +75,8 @@ class NetBuilder:
         return name
 
     def weight_bytes(self) -> float:
-        """The float32 weights written so far, in bytes."""
+        """The initializers written so far, at 4 bytes an element (weights, biases and
+        the few constants of shapes and norms)."""
         return 4.0 * sum(int(np.prod(t.dims)) for t in self.inits)
 
     def _weight(self, shape: Sequence[int], fan_in: int) -> str:
@@ -662,10 +663,12 @@ def headed_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: fl
     """A conv net whose head holds most of its weights, as in small published models
     (MobileNetV3's 576->1024->1000 and RepGhostNet's 1280->1000 after a few MB of convs):
     global pooling, a linear layer to a hidden width, an activation and a 100- or
-    1000-class classifier, the hidden width drawn so that the network holds 2-40 MB of
-    weights (`HEADED_WEIGHTS`, log-uniform).  Such layers read their weights once per run,
-    from the caches or from memory by the model's weight bytes (`lut.WeightStream`); the
-    other context networks place few of them at 5-20 MB, where that changes."""
+    1000-class classifier, the hidden width drawn so that the network holds about 2-40 MB
+    of weights (`HEADED_WEIGHTS`, log-uniform; the width kept within 64-8192, so a head on
+    narrow features or after a large backbone misses it).  Such layers read their weights
+    once per run, from the caches or from memory by the model's weight bytes
+    (`lut.WeightStream`); the other context networks place few of them at 5-20 MB, where
+    that changes."""
     budget = float(np.exp(rng.uniform(np.log(min_macs), np.log(max_macs))))
     target = float(np.exp(rng.uniform(*np.log(HEADED_WEIGHTS))))
 
