@@ -104,8 +104,8 @@ WORKING_SET_CLIP = (0.5, 2.0)
 
 class WeightStream(_Strict):
     """A layer that multiplies one row by a weight matrix (`streams_weights`: a classifier,
-    a linear layer at one position, a 1x1 conv on a 1x1 map) does little besides reading its weights once per run,
-    so it runs at the speed they arrive: from the caches where the model's weights all stay
+    a linear layer at one position, a 1x1 conv on a 1x1 map) does little besides reading
+    its weights once per run, so it runs at the speed they arrive: from the caches where the model's weights all stay
     there between runs, from memory where they do not.  Its price is the table's (whose
     rows hold the resident speed, `resident_ms_per_mb`) plus its weights' megabytes times
     `rate(W) - resident_ms_per_mb`, where W is the model's weight bytes (`weight_bytes`;

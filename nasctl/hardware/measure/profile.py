@@ -361,7 +361,8 @@ def weight_stream(measured: Sequence[MeasuredNetwork], costs: Sequence[np.ndarra
         return None, {**how, "note": "not fitted: the layers run no slower in networks of more weights"}
     _, cache, low, high, i = best
     return ({"cache_bytes": round(cache, 1), "width": STREAM_WIDTH, "resident_ms_per_mb": round(low, 6),
-             "streamed_ms_per_mb": round(high, 6), "convs": True}, {**how, "resident_layers": i, "streamed_layers": len(points) - i})
+             "streamed_ms_per_mb": round(high, 6), "convs": True},
+            {**how, "resident_layers": i, "streamed_layers": len(points) - i})
 
 
 def resident_costs(stream: dict, layers: Sequence, ms: np.ndarray) -> np.ndarray:
