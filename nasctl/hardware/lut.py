@@ -105,13 +105,13 @@ WORKING_SET_CLIP = (0.5, 2.0)
 class WeightStream(_Strict):
     """A layer that multiplies one row by a weight matrix (`streams_weights`: a classifier,
     a linear layer at one position, a 1x1 conv on a 1x1 map) does little besides reading
-    its weights once per run, so it runs at the speed they arrive: from the caches where the model's weights all stay
-    there between runs, from memory where they do not.  Its price is the table's (whose
-    rows hold the resident speed, `resident_ms_per_mb`) plus its weights' megabytes times
-    `rate(W) - resident_ms_per_mb`, where W is the model's weight bytes (`weight_bytes`;
-    its activations live in buffers onnxruntime reuses) and the rate moves from
-    `resident_ms_per_mb` to `streamed_ms_per_mb` about `cache_bytes`, over `width`
-    e-folds of W."""
+    its weights once per run, so it runs at the speed they arrive: from the caches where
+    the model's weights all stay there between runs, from memory where they do not.  Its
+    price is the table's (whose rows hold the resident speed, `resident_ms_per_mb`) plus
+    its weights' megabytes times `rate(W) - resident_ms_per_mb`, where W is the model's
+    weight bytes (`weight_bytes`; its activations live in buffers onnxruntime reuses) and
+    the rate moves from `resident_ms_per_mb` to `streamed_ms_per_mb` about `cache_bytes`,
+    over `width` e-folds of W."""
     cache_bytes: PositiveFloat         # a model's weight bytes at the middle of the change
     width: PositiveFloat               # the change's width, in e-folds of weight bytes
     resident_ms_per_mb: NonNegativeFloat
