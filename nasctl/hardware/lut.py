@@ -19,14 +19,14 @@ the layer's work, and then as float kernels, likewise; grouped convs as dense on
 channel-by-channel depthwise convs as the others and residual sums as adds where the table
 has none of them) on log-scale features - MACs, elements read and written, weights,
 channels, positions, kernel area, stride, groups, bit widths, channel alignment to vector
-blocks and the activation.  Predictions are of log latency, so prices are always
+blocks, the activation and a transpose's copies (`_copies`).  Predictions are of log latency, so prices are always
 positive.  The spec names each type's regressor (`regressors:`, chosen by `nasctl hw fit`
 / `hw profile` by cross-validated error):
 
   additive  latency = a non-negative mix of a fixed cost per kernel call, MACs, elements
             moved, weights, an unfused activation's extra pass and, for a batched product
-            of two activations, one fixed cost per product (few rows, or costs linear in
-            work);
+            of two activations, one fixed cost per product, for a transpose one per copy
+            of a contiguous block (few rows, or costs linear in work);
   ridge     a regularised log-log linear model;
   boost     gradient-boosted trees predicting the log of the time per unit of work;
   nearest   the time per unit of work of the 5 most similar measured kernels.
@@ -383,7 +383,7 @@ FN_VOCAB = ("relu", "clip", "sigmoid", "hardsigmoid", "hardswish", "swish", "gel
             "linear", "batch", "layer", "transpose", "slice", "gather")
 FEATURES = ("log_macs", "log_padded_macs", "log_in", "log_out", "log_params", "log_in_ch", "log_out_ch",
             "log_in_pos", "log_out_pos", "log_kernel", "stride", "log_groups", "log_w_bits", "log_a_bits",
-            "out_ch_align", "in_ch_align", "tokens") + tuple(f"fn_{f}" for f in FN_VOCAB)
+            "out_ch_align", "in_ch_align", "tokens") + tuple(f"fn_{f}" for f in FN_VOCAB) + ("log_copies",)
 BLOCK = 16  # channel block of vectorised CPU kernels (AVX-512 floats)
 
 
@@ -411,7 +411,25 @@ def features(layers: Sequence[LayerSpec]) -> np.ndarray:
                       log(l.in_ch), log(l.out_ch), log(l.in_hw[0] * l.in_hw[1]), log(l.out_hw[0] * l.out_hw[1]),
                       log(l.kernel[0] * l.kernel[1]), l.stride, log(l.groups), log(l.w_bits), log(l.a_bits),
                       _align(l.out_ch), _align(l.in_ch // l.groups), l.in_hw[1] == 1 and l.in_hw[0] > 1,
-                      *(l.fn == f for f in FN_VOCAB)] for l in layers], dtype=float).reshape(len(layers), len(FEATURES))
+                      *(l.fn == f for f in FN_VOCAB), log(_copies(l))] for l in layers],
+                    dtype=float).reshape(len(layers), len(FEATURES))
+
+
+def _copies(layer: LayerSpec) -> int:
+    """The separate copies a transpose (`data`) makes: its elements over the contiguous
+    block each copy moves, the trailing dims it leaves in place (1 where the innermost
+    dim moves); 0 for any other op.  onnxruntime's CPU transpose costs about 9 ns a copy
+    for blocks of 3 to 100 floats here, whatever their length, plus about 0.1 ns an
+    element (`benchmarks/README.md`): a (16, 4, 12) -> (4, 16, 12) transpose (attention
+    heads of 12 channels) makes 64 copies, not 768."""
+    if layer.op != "data":
+        return 0
+    block = 1
+    for a, b in zip((layer.in_hw[1], layer.in_hw[0], layer.in_ch), (layer.out_hw[1], layer.out_hw[0], layer.out_ch)):
+        if a != b:
+            break
+        block *= a
+    return max(layer.in_elems // block, 1)
 
 
 def _products(layer: LayerSpec) -> int:
@@ -421,7 +439,7 @@ def _products(layer: LayerSpec) -> int:
     return layer.in_hw[1] if layer.op == "matmul" else 0
 
 
-TERMS = 6
+TERMS = 7
 
 
 def _calls(layer: LayerSpec, per_channel: bool = True) -> int:
@@ -442,9 +460,10 @@ def _per_channel(layers: Sequence[LayerSpec]) -> bool:
 def _terms(layers: Sequence[LayerSpec], per_channel: bool = True) -> np.ndarray:
     """The physical terms of an `additive` regressor: a fixed cost per kernel call
     (`_calls`), MACs, elements moved, weights, the output again for an activation the
-    kernel does not fuse, and the matrix products of a batched product (`_products`)."""
+    kernel does not fuse, the matrix products of a batched product (`_products`) and the
+    copies of a transpose (`_copies`)."""
     rows = [[float(_calls(l, per_channel)), l.macs, l.in_elems + l.out_elems, l.params,
-             l.out_elems * (l.fn in _UNFUSED), _products(l)] for l in layers]
+             l.out_elems * (l.fn in _UNFUSED), _products(l), _copies(l)] for l in layers]
     return np.array(rows, dtype=float).reshape(len(layers), TERMS)
 
 
@@ -473,7 +492,14 @@ class _Ridge:
         return {k: getattr(self, k).tolist() for k in ("mu", "sd", "w", "lo", "hi")}
 
     def restore(self, state: dict):
-        self.mu, self.sd, self.w, self.lo, self.hi = (np.array(state[k]) for k in ("mu", "sd", "w", "lo", "hi"))
+        self.mu, self.sd, self.w, self.lo, self.hi = (np.array(state[k], dtype=float)
+                                                      for k in ("mu", "sd", "w", "lo", "hi"))
+        # a state saved before a feature was added prices without it (weight 0, before the intercept)
+        missing = len(FEATURES) - len(self.mu)
+        if missing > 0:
+            self.mu, self.lo, self.hi = (np.pad(a, (0, missing)) for a in (self.mu, self.lo, self.hi))
+            self.sd = np.pad(self.sd, (0, missing), constant_values=1.0)
+            self.w = np.r_[self.w[:-1], np.zeros(missing), self.w[-1:]]
         return self
 
     def predict(self, layers):

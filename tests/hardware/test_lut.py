@@ -301,6 +301,43 @@ def test_a_batched_product_pays_a_fixed_cost_per_product():
     assert np.exp(old.predict(new)) == pytest.approx(_terms(new)[:, :5] @ model.w[:5])
 
 
+def test_a_transpose_is_priced_by_the_copies_it_makes():
+    # onnxruntime's CPU transpose costs about 0.4 µs + 9 ns per copy of a contiguous block
+    # (the trailing dims it leaves in place), whatever the block's length up to about 100
+    # floats.  Fitted on transposes moving the innermost dim (a copy per element) and on
+    # head splits of 24-channel heads, the additive regressor prices a head split of
+    # 12-channel heads (64 copies of 768 elements) within 10%, not at the per-element rate.
+    from nasctl.hardware.lut import FEATURES, _copies, _Additive, _Ridge, _terms, features, fit_regressor
+
+    def split(tokens, heads, d):  # (tokens, heads, d) -> (heads, tokens, d)
+        return LayerSpec("data", tokens, heads, (heads, d), (tokens, d), fn="strided")
+
+    def inner(a, b, c):  # (a, b, c) -> (c, b, a): the innermost dim moves
+        return LayerSpec("data", a, c, (b, c), (b, a), fn="strided")
+
+    assert _copies(split(16, 4, 12)) == 64 and _copies(inner(16, 4, 12)) == 768
+    assert _copies(LayerSpec("data", 16, 48, (48, 1), (16, 1), fn="transpose")) == 768  # tokens <-> channels
+    assert _copies(LayerSpec("linear", 16, 16, (16, 1), (16, 1))) == 0
+    truth = lambda l: 4e-4 + 9e-6 * _copies(l) + 1e-7 * l.in_elems  # noqa: E731
+    rng = np.random.default_rng(0)
+    seen = [inner(a, b, c) for a in (4, 16, 36) for b in (4, 9) for c in (4, 12, 32)] + \
+           [split(t, h, 24) for t in (16, 64, 196) for h in (2, 4)]
+    model = fit_regressor("additive", seen, np.array([truth(l) * rng.uniform(0.98, 1.02) for l in seen]))
+    new = [split(16, 4, 12), split(64, 4, 12), split(196, 8, 6)]
+    assert np.exp(model.predict(new)) == pytest.approx([truth(l) for l in new], rel=0.10)
+    # Regressors saved before the copies were counted price as they did (the new term and
+    # feature weigh nothing).
+    old = _Additive().restore({"w": model.state["w"][:6]})
+    assert np.exp(old.predict(new)) == pytest.approx(_terms(new)[:, :6] @ model.w[:6])
+    ridge = fit_regressor("ridge", seen, np.array([truth(l) for l in seen]))
+    state = ridge.state
+    trimmed = {**{k: state[k][:-1] for k in ("mu", "sd", "lo", "hi")}, "w": state["w"][:-2] + state["w"][-1:]}
+    restored = _Ridge().restore(trimmed)
+    assert restored.w.shape == (len(FEATURES) + 1,) and restored.w[-2] == 0
+    Z = np.clip((features(new)[:, :-1] - restored.mu[:-1]) / restored.sd[:-1], restored.lo[:-1], restored.hi[:-1])
+    assert restored.predict(new) == pytest.approx(Z @ np.array(state["w"][:-2]) + state["w"][-1])
+
+
 def test_per_kernel_offsets_apply_by_kernel_group_down_to_a_floor(rows):
     from nasctl.hardware.lut import KERNEL_FLOOR_MS, kernel_group
 
