@@ -759,6 +759,22 @@ def test_transposes_are_labelled_by_how_onnxruntime_copies_them(tmp_path, shape,
     assert (layer.op, layer.fn) == ("data", "strided" if strided else "transpose"), (shape, perm, out)
 
 
+@pytest.mark.parametrize("shape,perm,copies", [
+    ([1, 16, 4, 12], [0, 2, 1, 3], 64),      # attention heads split: blocks of 12 floats
+    ([1, 4, 16, 12], [0, 2, 1, 3], 64),      # and merged
+    ([1, 16, 4, 12], [0, 3, 2, 1], 768),     # the innermost axis moves: a copy per element
+    ([1, 16, 48], [0, 2, 1], 768),           # tokens <-> channels
+    ([1, 64, 8, 8, 16], [0, 2, 1, 3, 4], 512),  # a 5-d channel shuffle: blocks of 128 floats
+])
+def test_a_transposes_copies_are_counted_from_the_layer_the_importer_reads(tmp_path, shape, perm, copies):
+    # `lut._copies` reads the copies from the layer's (channels, positions) shapes alone,
+    # which is all a search candidate's layer list holds.
+    from nasctl.hardware.lut import _copies
+
+    layer = only(layers_of(tmp_path, [node("Transpose", ["x"], ["y"], perm=perm)], {"x": shape}, ["y"]))
+    assert _copies(layer) == copies
+
+
 @pytest.mark.parametrize("op,shape,axes,keep,strided", [
     ("ReduceMean", [1, 160, 32, 32], [2, 3], 1, False),  # 0.12 ns per element: the innermost axes
     ("ReduceMax", [1, 48, 1024], [2], 0, False),         # 0.23
