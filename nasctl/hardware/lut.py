@@ -19,8 +19,8 @@ the layer's work, and then as float kernels, likewise; grouped convs as dense on
 channel-by-channel depthwise convs as the others and residual sums as adds where the table
 has none of them) on log-scale features - MACs, elements read and written, weights,
 channels, positions, kernel area, stride, groups, bit widths, channel alignment to vector
-blocks, the activation and a transpose's copies (`_copies`).  Predictions are of log latency, so prices are always
-positive.  The spec names each type's regressor (`regressors:`, chosen by `nasctl hw fit`
+blocks, the activation and a transpose's copies (`_copies`).  Predictions are of log
+latency, so prices are always positive.  The spec names each type's regressor (`regressors:`, chosen by `nasctl hw fit`
 / `hw profile` by cross-validated error):
 
   additive  latency = a non-negative mix of a fixed cost per kernel call, MACs, elements
@@ -384,6 +384,7 @@ FN_VOCAB = ("relu", "clip", "sigmoid", "hardsigmoid", "hardswish", "swish", "gel
 FEATURES = ("log_macs", "log_padded_macs", "log_in", "log_out", "log_params", "log_in_ch", "log_out_ch",
             "log_in_pos", "log_out_pos", "log_kernel", "stride", "log_groups", "log_w_bits", "log_a_bits",
             "out_ch_align", "in_ch_align", "tokens") + tuple(f"fn_{f}" for f in FN_VOCAB) + ("log_copies",)
+FEATURES_BEFORE_COPIES = FEATURES.index("log_copies")  # the features regressors saved before it read
 BLOCK = 16  # channel block of vectorised CPU kernels (AVX-512 floats)
 
 
@@ -418,9 +419,9 @@ def features(layers: Sequence[LayerSpec]) -> np.ndarray:
 def _copies(layer: LayerSpec) -> int:
     """The separate copies a transpose (`data`) makes: its elements over the contiguous
     block each copy moves, the trailing dims it leaves in place (1 where the innermost
-    dim moves); 0 for any other op.  onnxruntime's CPU transpose costs about 9 ns a copy
-    for blocks of 3 to 100 floats here, whatever their length, plus about 0.1 ns an
-    element (`benchmarks/README.md`): a (16, 4, 12) -> (4, 16, 12) transpose (attention
+    dim moves); 0 for any other op.  onnxruntime's CPU transpose costs about the same for
+    blocks of 3 to 24 floats here (5.7-7.3 ns a copy over 1,024 copies) and grows slowly
+    beyond (`benchmarks/transposes.py`): a (16, 4, 12) -> (4, 16, 12) transpose (attention
     heads of 12 channels) makes 64 copies, not 768."""
     if layer.op != "data":
         return 0
@@ -566,13 +567,16 @@ class _Nearest:
     nearest rows in the standardised log-feature space, distance-weighted, times this
     kernel's work (MACs with channels padded to vector blocks, else elements moved, plus
     the type's fixed cost in units of work - `_fixed_work`).
-    It is the rows themselves, refitted from the table; only the fixed work is saved
-    (`state`), which spares pricing the least-squares fit and its scipy import."""
+    It is the rows themselves, refitted from the table; only the fixed work and how many
+    of the features it reads are saved (`state`), which spares pricing the least-squares
+    fit and its scipy import; one saved before a feature was added reads the features of
+    its day (`FEATURES_BEFORE_COPIES`), so that it finds the same neighbours."""
 
     k = 5
 
-    def fit(self, layers, y, fixed: Optional[float] = None):
-        X = features(layers)
+    def fit(self, layers, y, fixed: Optional[float] = None, width: Optional[int] = None):
+        self.width = len(FEATURES) if width is None else int(width)
+        X = features(layers)[:, :self.width]
         self.mu, self.sd = X.mean(0), X.std(0)
         self.sd[self.sd == 0] = 1.0
         self.Z = (X - self.mu) / self.sd
@@ -583,10 +587,10 @@ class _Nearest:
 
     @property
     def state(self) -> dict:
-        return {"fixed_work": self.fixed}
+        return {"fixed_work": self.fixed, "features": self.width}
 
     def predict(self, layers):
-        Z = (features(layers) - self.mu) / self.sd
+        Z = (features(layers)[:, :self.width] - self.mu) / self.sd
         d = np.sqrt(((Z[:, None, :] - self.Z[None, :, :]) ** 2).sum(-1))
         k = min(self.k, len(self.Z))
         idx = np.argsort(d, axis=1)[:, :k]
@@ -625,10 +629,13 @@ def _fixed_work(layers: Sequence[LayerSpec], y: np.ndarray) -> float:
 _MAKERS = {"ridge": _Ridge, "additive": _Additive, "boost": _Boost, "nearest": _Nearest}
 
 
-def fit_regressor(kind: str, layers: Sequence[LayerSpec], values: np.ndarray, fixed: Optional[float] = None):
-    """A regressor of `kind` fitted to the layers' costs; `fixed`: a nearest-neighbour
-    regressor's fixed work, as saved (else fitted)."""
-    return _MAKERS[kind]().fit(list(layers), np.log(values), *([] if fixed is None else [fixed]))
+def fit_regressor(kind: str, layers: Sequence[LayerSpec], values: np.ndarray, saved: Optional[dict] = None):
+    """A regressor of `kind` fitted to the layers' costs; `saved`: a nearest-neighbour
+    regressor's state as saved (its fixed work and the features it reads; else fitted, all)."""
+    if saved is None:
+        return _MAKERS[kind]().fit(list(layers), np.log(values))
+    return _Nearest().fit(list(layers), np.log(values), saved["fixed_work"],
+                          saved.get("features", FEATURES_BEFORE_COPIES))
 
 
 def cross_validate(kind: str, layers: Sequence[LayerSpec], values: np.ndarray, groups: Optional[Sequence] = None,
@@ -864,9 +871,9 @@ class LutDevice(CostModel):
                 self._models[ktype] = [_MAKERS[kind]().restore(state) for state in saved["states"]]
             else:  # fitted to the rows (a nearest-neighbour regressor is its rows, and its saved fixed work)
                 layers = [layer_from_row(r) for r in group]
-                fixed = [st["fixed_work"] for st in saved["states"]] if restored else [None] * len(self.targets)
-                self._models[ktype] = [fit_regressor(kind, layers, np.array([r[t] for r in group]), f)
-                                       for t, f in zip(self.targets, fixed)]
+                states = saved["states"] if restored else [None] * len(self.targets)
+                self._models[ktype] = [fit_regressor(kind, layers, np.array([r[t] for r in group]), st)
+                                       for t, st in zip(self.targets, states)]
         return self._models[ktype]
 
     def save_regressors(self) -> Path:

@@ -307,7 +307,8 @@ def test_a_transpose_is_priced_by_the_copies_it_makes():
     # floats.  Fitted on transposes moving the innermost dim (a copy per element) and on
     # head splits of 24-channel heads, the additive regressor prices a head split of
     # 12-channel heads (64 copies of 768 elements) within 10%, not at the per-element rate.
-    from nasctl.hardware.lut import FEATURES, _copies, _Additive, _Ridge, _terms, features, fit_regressor
+    from nasctl.hardware.lut import (FEATURES, FEATURES_BEFORE_COPIES, _copies, _Additive, _Ridge, _terms, features,
+                                     fit_regressor)
 
     def split(tokens, heads, d):  # (tokens, heads, d) -> (heads, tokens, d)
         return LayerSpec("data", tokens, heads, (heads, d), (tokens, d), fn="strided")
@@ -336,6 +337,15 @@ def test_a_transpose_is_priced_by_the_copies_it_makes():
     assert restored.w.shape == (len(FEATURES) + 1,) and restored.w[-2] == 0
     Z = np.clip((features(new)[:, :-1] - restored.mu[:-1]) / restored.sd[:-1], restored.lo[:-1], restored.hi[:-1])
     assert restored.predict(new) == pytest.approx(Z @ np.array(state["w"][:-2]) + state["w"][-1])
+    # A nearest-neighbour regressor is fitted again from the rows at load: one saved before
+    # reads the features of its day, and so finds the neighbours it found then.
+    values = np.array([truth(l) for l in seen])
+    nearest = fit_regressor("nearest", seen, values)
+    assert nearest.state["features"] == len(FEATURES)
+    again = fit_regressor("nearest", seen, values, nearest.state)
+    assert again.predict(new) == pytest.approx(nearest.predict(new))
+    before = fit_regressor("nearest", seen, values, {"fixed_work": nearest.state["fixed_work"]})
+    assert before.Z.shape[1] == FEATURES_BEFORE_COPIES == len(FEATURES) - 1
 
 
 def test_per_kernel_offsets_apply_by_kernel_group_down_to_a_floor(rows):
