@@ -94,15 +94,9 @@ class WorkingSet(_Strict):
     """Kernels run slower in a model whose weights and activations do not stay in the
     caches between them: every kernel's cost (its offsets included, not the run overhead)
     is scaled by 1 + slope * ln(W / ref_bytes), within WORKING_SET_CLIP, where W is the
-    model's working set (`working_set_bytes`).  With `below` false W counts as ref_bytes
-    where it is smaller: the table's rows come from networks of up to a few times
-    ref_bytes (the large ones stay out of it), so a kernel that only small networks hold
-    was measured small, and a model below ref_bytes costs what its rows say; scaled down
-    too, the profile's own networks of under 0.05 ms were priced 6.7% below their times
-    (median), 2.3% without."""
+    model's working set (`working_set_bytes`)."""
     ref_bytes: PositiveFloat  # the working set at which the kernels cost what the table says
     slope: float              # relative cost per e-fold of the working set
-    below: bool = True        # whether a model smaller than ref_bytes is scaled down (fits before 2026-12)
 
 
 WORKING_SET_CLIP = (0.5, 2.0)
@@ -173,7 +167,7 @@ def working_set_factor(working_set: Optional[WorkingSet], layers: Sequence[Layer
     """What `working_set` scales the kernels of the model `layers` by (1 without one)."""
     if working_set is None or not layers:
         return 1.0
-    size = max(working_set_bytes(layers), 1.0 if working_set.below else working_set.ref_bytes)
+    size = max(working_set_bytes(layers), 1.0)
     low, high = WORKING_SET_CLIP
     return min(max(1.0 + working_set.slope * math.log(size / working_set.ref_bytes), low), high)
 

@@ -381,12 +381,6 @@ def test_a_working_set_scales_a_models_kernels_but_not_its_run_overhead(rows):
     assert scaled.estimate(small[:1]).latency_ms < plain.estimate(small[:1]).latency_ms
     steep = device(rows, overhead={"working_set": {"ref_bytes": 1.0, "slope": 1.0}})
     assert steep.estimate(small).latency_ms == pytest.approx(2.0 * device(rows).estimate(small).latency_ms)
-    # fitted with `below` false (as `hw profile` fits it now), a smaller model costs what its
-    # rows say, and a larger one is scaled as before
-    hinge = device(rows, overhead={"per_model_ms": 0.01,
-                                   "working_set": {"ref_bytes": ref, "slope": 0.05, "below": False}})
-    assert hinge.estimate(small[:1]).latency_ms == pytest.approx(plain.estimate(small[:1]).latency_ms)
-    assert hinge.estimate(big).latency_ms == pytest.approx(got.latency_ms)
 
 
 def test_a_classifier_reads_its_weights_from_the_caches_in_a_small_model_and_from_memory_in_a_large_one(rows):

@@ -430,13 +430,12 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     size = np.array([max(working_set_bytes(m.layers), 1.0) for m in measured])
     ref = float(np.median(size))
     # One offset shared by every kernel plus each group's own deviation from it, and the
-    # kernels' price (the run overhead left out) times ln(max(W, ref) / ref) for the slope
-    # (a network smaller than the reference costs what its rows say: `lut.WorkingSet.below`).
-    # A group's deviation is penalised far more than the shared offset: fitted freely, the groups'
+    # kernels' price (the run overhead left out) times ln(W / ref) for the slope.  A group's
+    # deviation is penalised far more than the shared offset: fitted freely, the groups'
     # offsets traded microseconds between groups that occur together and changed sign from
     # one profile of the same machine to the next (add +1.9 -> -0.2 us, mul +4.0 -> -0.8),
     # which moved the price of a network of a hundred tiny kernels by a third.
-    columns = np.column_stack([count.sum(axis=1), count, (price - run) * np.log(np.maximum(size, ref) / ref)])
+    columns = np.column_stack([count.sum(axis=1), count, (price - run) * np.log(size / ref)])
     k = len(names)
     lower = np.r_[bounds_ms[0], [bounds_ms[0]] * k, slope_bounds[0]]
     upper = np.r_[bounds_ms[1], [bounds_ms[1]] * k, slope_bounds[1]]
@@ -447,7 +446,7 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     offsets = {g: round(float(x[0] + x[1 + j]), 7) for j, g in enumerate(names) if count[:, col[g]].any()}
     before, after = price / y - 1, (price + columns @ x) / y - 1
     within = lambda e: round(float(np.mean(np.abs(e) <= 0.10)), 4)  # noqa: E731
-    return offsets, {"ref_bytes": ref, "slope": round(float(x[-1]), 6), "below": False}, {
+    return offsets, {"ref_bytes": ref, "slope": round(float(x[-1]), 6)}, {
         "folds": folds, "networks": n, "penalty_per_us": {"shared": penalty, "group": group_penalty},
         "penalty_per_hundredth_of_slope": slope_penalty,
         "shared_ms": round(float(x[0]), 7),
