@@ -869,7 +869,7 @@ class LutDevice(CostModel):
             restored = saved.get("kind") == kind and (kind != "ridge" or all("lo" in st for st in saved["states"]))
             if restored and kind != "nearest":
                 self._models[ktype] = [_MAKERS[kind]().restore(state) for state in saved["states"]]
-            else:  # fitted to the rows (a nearest-neighbour regressor is its rows, and its saved fixed work)
+            else:  # fitted to the rows (a nearest-neighbour regressor is its rows, its saved fixed work and width)
                 layers = [layer_from_row(r) for r in group]
                 states = saved["states"] if restored else [None] * len(self.targets)
                 self._models[ktype] = [fit_regressor(kind, layers, np.array([r[t] for r in group]), st)
