@@ -20,8 +20,8 @@ channel-by-channel depthwise convs as the others and residual sums as adds where
 has none of them) on log-scale features - MACs, elements read and written, weights,
 channels, positions, kernel area, stride, groups, bit widths, channel alignment to vector
 blocks, the activation and a transpose's copies (`_copies`).  Predictions are of log
-latency, so prices are always positive.  The spec names each type's regressor (`regressors:`, chosen by `nasctl hw fit`
-/ `hw profile` by cross-validated error):
+latency, so prices are always positive.  The spec names each type's regressor
+(`regressors:`, chosen by `nasctl hw fit` / `hw profile` by cross-validated error):
 
   additive  latency = a non-negative mix of a fixed cost per kernel call, MACs, elements
             moved, weights, an unfused activation's extra pass and, for a batched product
@@ -634,8 +634,8 @@ def fit_regressor(kind: str, layers: Sequence[LayerSpec], values: np.ndarray, sa
     regressor's state as saved (its fixed work and the features it reads; else fitted, all)."""
     if saved is None:
         return _MAKERS[kind]().fit(list(layers), np.log(values))
-    return _Nearest().fit(list(layers), np.log(values), saved["fixed_work"],
-                          saved.get("features", FEATURES_BEFORE_COPIES))
+    return _MAKERS[kind]().fit(list(layers), np.log(values), saved["fixed_work"],
+                               saved.get("features", FEATURES_BEFORE_COPIES))
 
 
 def cross_validate(kind: str, layers: Sequence[LayerSpec], values: np.ndarray, groups: Optional[Sequence] = None,

@@ -302,9 +302,9 @@ def test_a_batched_product_pays_a_fixed_cost_per_product():
 
 
 def test_a_transpose_is_priced_by_the_copies_it_makes():
-    # onnxruntime's CPU transpose costs about 0.4 µs + 9 ns per copy of a contiguous block
-    # (the trailing dims it leaves in place), whatever the block's length up to about 100
-    # floats.  Fitted on transposes moving the innermost dim (a copy per element) and on
+    # onnxruntime's CPU transpose costs a fixed part plus a few ns per copy of a contiguous
+    # block (the trailing dims it leaves in place), about the same for blocks of 3 to 24
+    # floats (benchmarks/transposes.py); the costs here are of that form.  Fitted on transposes moving the innermost dim (a copy per element) and on
     # head splits of 24-channel heads, the additive regressor prices a head split of
     # 12-channel heads (64 copies of 768 elements) within 10%, not at the per-element rate.
     from nasctl.hardware.lut import (FEATURES, FEATURES_BEFORE_COPIES, _copies, _Additive, _Ridge, _terms, features,
