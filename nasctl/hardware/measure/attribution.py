@@ -2,15 +2,21 @@
 
 Each network runs with `SessionOptions.enable_profiling`; the per-node kernel times
 onnxruntime records (minimum over the profiled runs) are summed per tag - a node
-onnxruntime adds, like a layout reorder, counts for the kernel before it, and a node it
-fused from several kernels for those of them that ran no node of their own - and go to
-the layers the ONNX importer (`nasctl.hardware.onnx_import`) reads from the network.
+onnxruntime adds counts for the kernel before it, a node it fused from several kernels
+for those of them that ran no node of their own, and a layout reorder (into or out of
+its blocked channel layout) for none - and go to the layers the ONNX importer
+(`nasctl.hardware.onnx_import`) reads from the network.
 
 Each network is also timed end to end, without profiling.  The run overhead and the
 profiler's own cost per node (a few microseconds) are fitted to those times, and the
 latter is taken off every profiled node; then each network's profiled kernel times are
 scaled to add up to its end-to-end time (with the run overhead and the long kernels
-timed alone), so a kernel's cost is its share of a run without the profiler.
+timed alone), so a kernel's cost is its share of a run without the profiler.  The
+network's layout reorders are shared so too: a reorder is there for a pair of kernels
+that run in different layouts (a conv in the blocked layout, a concat or transpose that
+is not), and counted for either one, that kernel's rows would depend on its neighbours.
+A depthwise conv followed by a reorder in one network and by another blocked conv in the
+next was priced from both: 1.6-2.2x its time in a MobileNetV2.
 
 The profiler's clock is the wall clock: on a busy machine a kernel longer than the OS's
 time slice is profiled with time other processes got.  So kernels that profile longer
@@ -48,7 +54,9 @@ class MeasuredNetwork:
     layer_nodes: list[float]  # onnxruntime nodes each layer's time was summed over
     latency_ms: float
     # Long kernels timed alone: layer index -> (end-to-end ms, profiled ms and count of the
-    # nodes onnxruntime ran before the kernel, e.g. a layout reorder of its input).
+    # nodes onnxruntime ran besides the kernel: before it, e.g. a layout reorder of its
+    # input, and a layout reorder of its output; measured before they were told, before
+    # it only).
     alone: dict[int, tuple[float, float, int]] = field(default_factory=dict)
     energy_mj: Optional[float] = None  # energy of one run, where the machine has energy counters
     # The profiled nodes' times (name, ms, in execution order) the layers' times were
@@ -279,18 +287,20 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
     """Per-layer costs from the profiles and the thread-clock times.
 
     The profiler adds its own cost to every node it times; fit `end-to-end = run overhead
-    + Σ profiled - per-node cost x nodes` robustly (soft L1) over the short networks and
-    take the per-node cost off every layer.  A long kernel, timed alone, costs its
-    end-to-end time less the run overhead and the nodes onnxruntime ran before it.  The
-    other kernels of a network are then scaled alike (within 0.5-2x) so that the network's
-    costs and run overhead add up to its end-to-end time.  `known`: the run overhead and the
-    profiler's cost per node as a profile of this machine fitted them, taken instead of
-    fitting them to `measured`."""
+    + Σ profiled - per-node cost x nodes` robustly (soft L1) over the short networks (all
+    their profiled nodes, the layout reorders no layer is given included) and take the
+    per-node cost off every layer.  A long kernel, timed alone, costs its end-to-end time
+    less the run overhead and the nodes onnxruntime ran besides it (before it, and a layout
+    reorder of its output).  The other kernels of a network are then scaled alike (within
+    0.5-2x) so that the network's costs and run overhead add up to its end-to-end time:
+    they share its layout reorders in proportion to their times.  `known`: the run
+    overhead and the profiler's cost per node as a profile of this machine fitted them,
+    taken instead of fitting them to `measured`."""
     from scipy.optimize import least_squares
 
     y = np.array([m.latency_ms for m in measured])
-    S = np.array([sum(m.layer_ms) for m in measured])
-    N = np.array([sum(m.layer_nodes) for m in measured])
+    S = np.array([sum(ms for _, ms in m.nodes) if m.nodes else sum(m.layer_ms) for m in measured])
+    N = np.array([len(m.nodes) if m.nodes else sum(m.layer_nodes) for m in measured])
     fit_on = (y < short_ms) & np.array([not m.alone for m in measured])
     if fit_on.sum() < 3:
         fit_on[:] = True

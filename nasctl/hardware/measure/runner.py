@@ -253,6 +253,11 @@ def node_number(name: str) -> Optional[int]:
     return int(m.group(2)) if m else None
 
 
+# onnxruntime's nodes moving a tensor into or out of its blocked channel layout (NCHWc):
+# they count for no kernel (`attribute`).
+LAYOUT = "Reorder"
+
+
 def attribute(nodes: Sequence[tuple[str, float]], layer_tags: Sequence[Optional[int]],
               layer_numbers: Optional[Sequence[Optional[int]]] = None) -> tuple[list[float], list[float]]:
     """Each layer's share of the profiled node times, and of the nodes, given each layer's
@@ -263,9 +268,10 @@ def attribute(nodes: Sequence[tuple[str, float]], layer_tags: Sequence[Optional[
     (one onnxruntime made) stands in for the kernels it replaced - the tagged kernels
     between its tagged neighbours that ran no node of their own (e.g. an add and a layer
     norm fused into one SkipLayerNormalization) - or, if there are none, counts for the
-    kernel before it (layout reorders and reshapes around a kernel).  A kernel's time
-    goes to its layer; a kernel without a layer (a reshape) passes its time to the layer
-    before it.  A kernel of several layers (an int8 swish: a conv, its sigmoid and its
+    kernel before it (reshapes around a kernel).  A layout reorder (`LAYOUT`) counts for
+    no kernel: the network's kernels share it (`attribution.in_context_costs`).  A
+    kernel's time goes to its layer; a kernel without a layer (a reshape) passes its time
+    to the layer before it.  A kernel of several layers (an int8 swish: a conv, its sigmoid and its
     product, each quantized) gives each layer the nodes of its own number - the layer's
     node and the quantization of its output - and the rest (its weights' and input's
     dequantization, reorders) in proportion to those; evenly where the layers' numbers
@@ -286,6 +292,8 @@ def attribute(nodes: Sequence[tuple[str, float]], layer_tags: Sequence[Optional[
             acc = own.setdefault((tag, numbers[i]), [0.0, 0.0])
             acc[0] += ms
             acc[1] += 1
+        if tag is None and nodes[i][0].startswith(LAYOUT):
+            continue
         if tag is None:
             before = next((t for t in reversed(tags[:i]) if t is not None), None)
             after = next((t for t in tags[i + 1:] if t is not None), None)
@@ -398,10 +406,12 @@ def measure_chunk(networks: Sequence[Network], protocol: Protocol, workdir: Path
         profiles, latency, _ = time_together(paths, protocol, workdir, rng, on_round)
         for (i, tag), (kernel_nodes, _), ms in zip(todo, profiles, latency):
             # What the runtime runs before the kernel (a layout reorder of its input) belongs
-            # to the kernel before it in a network; what runs after counts for the kernel.
+            # to the kernel before it in a network, and a layout reorder after it (of its
+            # output) to none (`attribute`); what else runs after counts for the kernel.
             first = next((k for k, (name, _) in enumerate(kernel_nodes) if TAG.search(name)), 0)
-            before = [t for _, t in kernel_nodes[:first]]
-            measured[i].alone[tag] = (float(ms), float(sum(before)), len(before))
+            besides = [t for _, t in kernel_nodes[:first]]
+            besides += [t for name, t in kernel_nodes[first:] if name.startswith(LAYOUT) and not TAG.search(name)]
+            measured[i].alone[tag] = (float(ms), float(sum(besides)), len(besides))
     return measured
 
 
