@@ -275,7 +275,8 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
                           "per kernel (minimum over the profiled runs) less the profiler's own cost per node; "
                           "kernels profiled longer than 0.5 ms timed again alone (thread clock) less the run "
                           "overhead and the layout reorders around them; the other kernels of each network scaled "
-                          "so that its kernels and the run overhead add up to its end-to-end time; the run "
+                          "so that its kernels and the run overhead add up to its end-to-end time (where long "
+                          "kernels take most of it, leaning on the typical scale by their share); the run "
                           "overhead and the profiler's cost per node fitted to the networks' end-to-end times",
                    **norm}
     energy = ("RAPL package energy per run of each context network (counters' increase over 0.2 s of runs), "
