@@ -55,8 +55,8 @@ class MeasuredNetwork:
     latency_ms: float
     # Long kernels timed alone: layer index -> (end-to-end ms, profiled ms and count of the
     # nodes onnxruntime ran besides the kernel: before it, e.g. a layout reorder of its
-    # input, and a layout reorder of its output; measured before they were told, before
-    # it only).
+    # input, and a layout reorder of its output; in profiles measured before the latter
+    # was told apart, the nodes before it only).
     alone: dict[int, tuple[float, float, int]] = field(default_factory=dict)
     energy_mj: Optional[float] = None  # energy of one run, where the machine has energy counters
     # The profiled nodes' times (name, ms, in execution order) the layers' times were
@@ -294,9 +294,9 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
     reorder of its output).  The other kernels of a network are then scaled alike (within
     0.5-2x) so that the network's costs and run overhead add up to its end-to-end time:
     they share its layout reorders in proportion to their times.  Where long kernels take
-    most of the network's time, that scale leans on the typical one by the share they take.  `known`: the run
-    overhead and the profiler's cost per node as a profile of this machine fitted them,
-    taken instead of fitting them to `measured`."""
+    most of the network's time, that scale leans on the typical one by the share they
+    take.  `known`: the run overhead and the profiler's cost per node as a profile of this
+    machine fitted them, taken instead of fitting them to `measured`."""
     from scipy.optimize import least_squares
 
     y = np.array([m.latency_ms for m in measured])

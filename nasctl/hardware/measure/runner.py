@@ -271,11 +271,11 @@ def attribute(nodes: Sequence[tuple[str, float]], layer_tags: Sequence[Optional[
     kernel before it (reshapes around a kernel).  A layout reorder (`LAYOUT`) counts for
     no kernel: the network's kernels share it (`attribution.in_context_costs`).  A
     kernel's time goes to its layer; a kernel without a layer (a reshape) passes its time
-    to the layer before it.  A kernel of several layers (an int8 swish: a conv, its sigmoid and its
-    product, each quantized) gives each layer the nodes of its own number - the layer's
-    node and the quantization of its output - and the rest (its weights' and input's
-    dequantization, reorders) in proportion to those; evenly where the layers' numbers
-    are not known."""
+    to the layer before it.  A kernel of several layers (an int8 swish: a conv, its
+    sigmoid and its product, each quantized) gives each layer the nodes of its own number
+    - the layer's node and the quantization of its output - and the rest (its weights'
+    and input's dequantization, reorders) in proportion to those; evenly where the
+    layers' numbers are not known."""
     tags = [tag_of(name) for name, _ in nodes]
     numbers = [node_number(name) for name, _ in nodes]
     own: dict[tuple[int, int], list[float]] = {}  # (tag, node number) -> [ms, nodes] of that node's own
@@ -405,9 +405,10 @@ def measure_chunk(networks: Sequence[Network], protocol: Protocol, workdir: Path
     if paths:
         profiles, latency, _ = time_together(paths, protocol, workdir, rng, on_round)
         for (i, tag), (kernel_nodes, _), ms in zip(todo, profiles, latency):
-            # What the runtime runs before the kernel (a layout reorder of its input) belongs
-            # to the kernel before it in a network, and a layout reorder after it (of its
-            # output) to none (`attribute`); what else runs after counts for the kernel.
+            # Not the kernel's own: what the runtime runs before it (a layout reorder of its
+            # input), and a layout reorder after it (of its output) - in a network a reorder
+            # counts for no kernel and another node before it for the kernel before
+            # (`attribute`).  What else runs after it counts for the kernel.
             first = next((k for k, (name, _) in enumerate(kernel_nodes) if TAG.search(name)), 0)
             besides = [t for _, t in kernel_nodes[:first]]
             besides += [t for name, t in kernel_nodes[first:] if name.startswith(LAYOUT) and not TAG.search(name)]
