@@ -327,7 +327,8 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
     # few percent: in two profiles of the same networks it moved by 28% or more for one in
     # ten of those whose long kernels took 80% or more.  So a network's scale leans, by the
     # share of its time the long kernels leave, on the typical one: the median over the
-    # networks without long kernels.
+    # networks without long kernels (1, the profiled times as they are, where every
+    # network has some, as a few models broken down by kernel may).
     plain = [k for (_, alone, k, _) in found if k is not None and not alone.any()]
     typical = float(np.median(plain)) if plain else 1.0
     for t, alone, k, share in found:
