@@ -20,8 +20,10 @@ latencies alone
              of the prior alone) / 3 - how well the fit, and how well the prior devices of
              that convention alone, explain the cells (ALPHA = 2/3).  Where no cell of
              the N has ops the two conventions count differently (about one draw in eight
-             at N = 10), the cells cannot tell them apart and `run` is kept, as without a
-             prior (whose two fits are then the same).
+             at N = 10), the cells cannot tell them apart and `drop` is kept, with or
+             without a prior (whose two fits are then the same): a measured device runs an
+             exported graph, and an exporter leaves out an op whose output nothing reads
+             (a `none` edge reads nothing in nasctl's NB201 networks).
 
 The fitted device is written, loaded back and prices all 15,625 cells; the table prints
 Spearman's rho against the held-out device's true latencies over all cells and over the
@@ -115,7 +117,7 @@ def fit_chosen(name: str, priced: dict, y: np.ndarray, train: np.ndarray, priors
         raise UsageError("too few cells")
     if len(fits) == len(VARIANTS) and all(priced["run"].layer_lists[i] == priced["drop"].layer_lists[i]
                                           for i in train):
-        variant = "run"  # no cell tells the conventions apart: every op counted (no prior: the two fits are the same)
+        variant = "drop"  # no cell tells the conventions apart: what a measured, exported network runs
     else:
         variant = min(fits, key=lambda v: variant_score(fits[v]))
     write_device(workspace.roots()[0].path / "hardware" / name, fits[variant])
