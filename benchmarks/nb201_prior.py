@@ -35,9 +35,10 @@ device but its N cells is used.
     python benchmarks/nb201_prior.py [--data DIR] [--sizes 5,10,20] [--seeds 0-9]
 
 Draw seeds 100-109, 200-209 and 300-309 were used to design the method (its trust levels,
-ALPHA, the rule for cells that cannot tell the conventions apart, prior.MARGIN); 900-909
-and 1000-1009 were held out and run once with the final code; 0-9, 400-409, 500-509,
-700-709 and 800-809 were run with earlier versions (benchmarks/README.md).  DIR holds HW-NAS-Bench's
+ALPHA, the rule for cells that cannot tell the conventions apart, prior.MARGIN); 1400-1409,
+1500-1509, 1600-1609 and 1700-1709 were held out and run once with this code; 0-9,
+400-409, 500-509, 700-709, 800-809 and 900-1309 were run with earlier versions
+(benchmarks/README.md).  DIR holds HW-NAS-Bench's
 `hwnasbench_nb201.csv` (default: $NASCTL_NB201_DIR, else ../shared/benchmarks/nb201 next
 to this checkout).
 """
