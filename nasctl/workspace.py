@@ -182,4 +182,8 @@ def new_entry(folder: str, name: str, what: str) -> Path:
                          "or run inside a project whose pyproject.toml has a [tool.nasctl] table")
     if not name or "/" in name or "\\" in name or name.startswith("."):
         raise UsageError(f"{what} name '{name}' must be a plain name (letters, digits, - and _)")
-    return root.path / folder / name
+    path = root.path / folder / name
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"cannot write the {what} '{name}': {path} is a file, not a folder; remove it or choose "
+                         "another name")
+    return path

@@ -14,6 +14,10 @@ from ..hardware.loader import load_device
 from ..hardware.lut import DEQUANTIZED_COLUMN, ENERGY_COLUMN, LUT_COLUMNS
 from .render import err, out, print_json
 
+# The most kernels `hw profile` and `hw bundle` measure: every context network is built in
+# memory first (about 0.2 MB a kernel on disk), and 100,000 kernels take hours here.
+MAX_KERNELS = 100_000
+
 app = typer.Typer(no_args_is_help=True,
                   help="Devices: list them, show one, profile this machine, fit one from measurements, "
                        "validate one against measured models.")
@@ -78,7 +82,8 @@ def profile(
     device: Annotated[str, typer.Option(help="Name of the device to write (hardware/NAME/ in the workspace).")]
     = LOCAL,
     threads: Annotated[int, typer.Option(min=1, help="onnxruntime intra-op threads (recorded in the spec).")] = 1,
-    kernels: Annotated[int, typer.Option(min=20, help="Kernels to measure (in context networks).")] = 15000,
+    kernels: Annotated[int, typer.Option(min=20, max=MAX_KERNELS,
+                                         help="Kernels to measure (in context networks).")] = 15000,
     quick: Annotated[bool, typer.Option("--quick", help="A small, fast profile: 150 kernels, 5 rounds.")] = False,
     rounds: Annotated[int, typer.Option(min=2, help="Interleaved timing rounds.")] = 15,
     sessions: Annotated[int, typer.Option(min=1, help="Sessions each context network is timed end to end in; "
@@ -183,6 +188,8 @@ def fit(
     from ..hardware.lut import read_lut
     from ..spaces.loader import load_space
 
+    if prior is not None and models is None:
+        raise UsageError("--prior DEV1,DEV2 needs --models FILE: the measured models the new device is fitted to")
     if lut is None and models is None and bundle_results is None:
         raise UsageError("give --lut FILE (a per-kernel table), --models FILE (end-to-end latencies), or both; "
                          "or --bundle-results FILE")
@@ -193,6 +200,11 @@ def fit(
     names = [n.strip() for n in prior.split(",")] if prior is not None else []
     if not all(names):
         raise UsageError(f"--prior '{prior}': expected comma-separated device names, e.g. pixel3,raspi4")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UsageError(f"--prior '{prior}' names {twice[0]} twice; name each prior device once")
+    if device in names:
+        raise UsageError(f"--device '{device}' is also a prior device; the fitted device needs a name of its own")
     priors = [_device(n) for n in names] if prior is not None else None
     folder = workspace.new_entry("hardware", device, "device")
     measured = None

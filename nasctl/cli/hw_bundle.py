@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .hw import _Bar, app
+from .hw import MAX_KERNELS, _Bar, app
 from .render import out, print_json
 
 
@@ -16,7 +16,7 @@ from .render import out, print_json
 def bundle(
     out_dir: Annotated[Path, typer.Option("--out", help="Folder to write the bundle into (new or empty).",
                                           show_default=False)],
-    kernels: Annotated[int, typer.Option(min=20, help="Kernels to measure (in context networks), as "
+    kernels: Annotated[int, typer.Option(min=20, max=MAX_KERNELS, help="Kernels to measure (in context networks), as "
                                          "`hw profile --kernels`; about 0.2 MB a kernel.")] = 5000,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the random context networks (as `hw profile --seed`).")]
     = 0,

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -85,12 +86,19 @@ class FittedDevice:
         return LutDevice(LutSpec.model_validate({"name": self.name, **self.spec}), self.rows)
 
 
+MEASUREMENTS_FILE = "measurements.json"  # a profile's measured context networks, beside its table
+
+
 def write_device(folder: Path, fitted: FittedDevice) -> Path:
     """Write `spec.yaml`, `lut.csv` and the fitted boosted trees (`regressors.json`) into
-    `folder`; returns the spec's path."""
+    `folder`, and the fit's own files (a profile's measurements); returns the spec's path.
+    A measurements file an earlier device left in the folder is removed, so that `hw
+    profile --refit` cannot bring that device back."""
     import yaml
 
     folder.mkdir(parents=True, exist_ok=True)
+    if MEASUREMENTS_FILE not in fitted.files:
+        (folder / MEASUREMENTS_FILE).unlink(missing_ok=True)
     write_lut(folder / fitted.spec.get("lut", "lut.csv"), fitted.rows)
     spec_path = folder / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(fitted.spec, sort_keys=False, width=100), encoding="utf-8")
@@ -187,8 +195,8 @@ def checked_latencies(layer_lists: Sequence[Sequence[LayerSpec]], latency_ms: Se
         raise ValueError(f"{len(layer_lists)} layer lists but {len(y)} latencies")
     if not len(y):
         raise UsageError("no models to fit from")
-    if np.any(~(y > 0)):
-        raise UsageError("every measured latency_ms must be positive")
+    if np.any(~((y > 0) & np.isfinite(y))):
+        raise UsageError("every measured latency_ms must be positive and finite")
     return y
 
 
@@ -331,12 +339,10 @@ def read_models_csv(path: Path, space=None, input_shape: Optional[tuple[int, int
                     classes: Optional[int] = None) -> tuple[list[list[LayerSpec]], list[float]]:
     """Layer lists and latencies from a CSV of measured models (see the module docstring);
     `space` is the search space (a `SearchSpace`) the arch column's architectures are of."""
+    from ..specs import read_text
+
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror}") from None
-    reader = csv.DictReader(text.splitlines())
+    reader = csv.DictReader(read_text(path).splitlines())
     header = [h.strip() for h in (reader.fieldnames or [])]
     reader.fieldnames = header
     if "latency_ms" not in header:
@@ -346,10 +352,15 @@ def read_models_csv(path: Path, space=None, input_shape: Optional[tuple[int, int
     to_layers = _arch_reader(path, space, input_shape, classes) if "arch" in header else None
     layer_lists, latency = [], []
     for line, row in enumerate(reader, start=2):
+        if row["latency_ms"] is None:
+            raise UsageError(f"{path}: line {line}: has fewer fields than the header")
         try:
             value = float(row["latency_ms"])
-        except (TypeError, ValueError):
+        except ValueError:
             raise UsageError(f"{path}: line {line}: latency_ms '{row['latency_ms']}' is not a number") from None
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{path}: line {line}: latency_ms '{row['latency_ms']}' must be a positive, finite "
+                             "time in ms")
         if to_layers is not None and (row.get("arch") or "").strip():
             layers = to_layers(row["arch"].strip(), line)
         else:

@@ -206,3 +206,10 @@ def test_search_refuses_activations_beyond_memory_before_a_run_folder(tmp_path, 
     one_line_error(result, 2, "search space 'ee-mbv2': its largest architecture needs ")
     assert "for a batch of 1024 at input 1x8x8" in result.stderr and "or the batch size" in result.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.parametrize("command", [("hw", "profile", "--quick"), ("hw", "bundle", "--out", "b")])
+def test_kernels_beyond_what_fits_in_memory_are_refused(tmp_path, command):
+    result = invoke("--workspace", tmp_path, *command, "--kernels", "1000000000")
+    assert result.exit_code == 2 and "--kernels" in result.output and "100000" in result.output, result.output
+    assert not (tmp_path / "b").exists() and not (tmp_path / "hardware").exists()

@@ -198,12 +198,40 @@ def test_bad_results_files_are_one_line(measured, tmp_path):
     cut = edited(folder, tmp_path, lambda table: table[:-20])
     one_line(fit(cut), "cut short")
     one_line(fit(tmp_path / "nothing.csv"), "no such file")
+    one_line(fit(folder), "is a folder; give the results CSV in it")
+    opless = tmp_path / "opless"  # the op column cut off results of this format
+    opless.mkdir()
+    shutil.copy(folder / BUNDLE_FILE, opless / BUNDLE_FILE)
+    write_rows(opless / "results.csv", [r[:6] for r in rows(folder / "results.csv")], recount=False)
+    one_line(fit(opless / "results.csv"), "its header should be")
     lonely = tmp_path / "lonely" / "deeper"
     lonely.mkdir(parents=True)
     shutil.copy(folder / "results.csv", lonely / "results.csv")
     one_line(fit(lonely / "results.csv"), "no bundle.json beside it")
     one_line(invoke("--workspace", ws, "hw", "fit", "--device", "t", "--bundle-results", folder / "results.csv",
                     "--lut", lut), "--bundle-results FILE goes alone")
+
+
+def test_a_network_timed_at_zero_is_one_line_and_a_file_where_the_device_goes_is_refused(measured, tmp_path):
+    folder, _ = measured
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    first = [True]
+
+    def zero_latency(table):
+        out = []
+        for r in table:
+            if r[0] == "latency" and first[0]:
+                r, first[0] = [*r[:4], "0", *r[5:]], False
+            out.append(r)
+        return out
+
+    one_line(invoke("--workspace", ws, "hw", "fit", "--device", "t", "--bundle-results",
+                    edited(folder, tmp_path, zero_latency)), "'0' is not a time (a number > 0)")
+    (ws / "hardware").mkdir()
+    (ws / "hardware" / "t").write_text("a file, not a device folder")
+    one_line(invoke("--workspace", ws, "hw", "fit", "--device", "t", "--bundle-results", folder / "results.csv"),
+             "is a file, not a folder")
 
 
 def test_results_of_an_older_runner_are_one_line(measured, tmp_path):

@@ -112,11 +112,38 @@ def test_models_csv_with_onnx_and_arch_columns(tmp_path, onnx_models):
     ("name,latency_ms\nx,1\n", "missing column arch or onnx"),
     ("onnx,latency_ms\nm.onnx,fast\n", "latency_ms 'fast' is not a number"),
     ("arch,latency_ms\n{},1\n", "needs --space"),
+    ("onnx,latency_ms\nm.onnx,inf\n", "latency_ms 'inf' must be a positive, finite time"),
+    ("onnx,latency_ms\nm.onnx,0\n", "latency_ms '0' must be a positive, finite time"),
+    ("onnx,latency_ms\nm.onnx\n", "line 2: has fewer fields than the header"),
 ])
 def test_malformed_models_tables(tmp_path, text, message):
     (tmp_path / "m.csv").write_text(text)
     with pytest.raises(UsageError, match=message):
         read_models_csv(tmp_path / "m.csv")
+
+
+def test_models_tables_are_read_as_utf8_with_or_without_a_byte_order_mark(tmp_path, onnx_models):
+    (tmp_path / "m.csv").write_bytes(b"\xef\xbb\xbfonnx,latency_ms\n" + f"{onnx_models[0].name},1.5\n".encode())
+    assert read_models_csv(tmp_path / "m.csv")[1] == [1.5]
+    (tmp_path / "latin.csv").write_bytes("onnx,latency_ms\nm\xe9.onnx,1\n".encode("latin-1"))
+    with pytest.raises(UsageError, match="is not UTF-8 text"):
+        read_models_csv(tmp_path / "latin.csv")
+
+
+def test_a_device_written_over_a_profile_leaves_no_measurements_behind(tmp_path):
+    from nasctl.hardware.fit import MEASUREMENTS_FILE
+
+    models, latency = random_models(12, np.random.default_rng(4))
+    fitted = fit_from_models("x", models, latency)
+    folder = tmp_path / "hardware" / "x"
+    folder.mkdir(parents=True)
+    (folder / MEASUREMENTS_FILE).write_text("{}")  # a profile's, from a device of this name before
+    (folder / "notes.txt").write_text("the user's own")
+    write_device(folder, fitted)
+    assert not (folder / MEASUREMENTS_FILE).exists() and (folder / "notes.txt").exists()
+    fitted.files[MEASUREMENTS_FILE] = {"format": 2}
+    write_device(folder, fitted)
+    assert json.loads((folder / MEASUREMENTS_FILE).read_text()) == {"format": 2}
 
 
 @pytest.fixture

@@ -225,4 +225,9 @@ def test_hw_fit_prior_bad_input_is_one_line(tmp_path, nb201_models):
     one_line_error(invoke(*fit, "--prior", "convs"), 2, "prior device 'convs' cannot price")
     one_line_error(invoke("--workspace", ws, "hw", "fit", "--device", "b", "--lut", convs, "--prior", "edge-quad"),
                    2, "--prior")
-    assert not (ws / "hardware" / "board").exists()
+    one_line_error(invoke(*fit, "--prior", "edge-quad, edge-quad"), 2, "names edge-quad twice")
+    one_line_error(invoke("--workspace", ws, "hw", "fit", "--device", "edge-quad", "--models", nb201_models,
+                          "--space", "nb201", "--prior", "edge-quad"), 2, "also a prior device")
+    one_line_error(invoke("--workspace", ws, "hw", "fit", "--device", "b", "--prior", "edge-quad"), 2,
+                   "--prior DEV1,DEV2 needs --models FILE")
+    assert not (ws / "hardware" / "board").exists() and not (ws / "hardware" / "edge-quad").exists()

@@ -187,32 +187,36 @@ def _rows(results: Path) -> list[list[str]]:
             rows = list(csv.reader(f))
     except FileNotFoundError:
         raise UsageError(f"{what}: no such file") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
+    except IsADirectoryError:
+        raise UsageError(f"{what}: is a folder; give the results CSV in it (FOLDER/results.csv)") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{what}: not the results CSV of a bundle's runner (not UTF-8 text)") from None
+    except (OSError, csv.Error) as e:
         raise UsageError(f"{what}: not the results CSV of a bundle's runner ({type(e).__name__})") from None
-    if rows and tuple(rows[0]) == RESULTS_COLUMNS_1:  # an older runner's
-        raise _other_format(what, next((r[4] for r in rows if r[:1] == ["meta"] and len(r) > 4
-                                        and r[3] == "results_format"), None))
+    found = next((r[4] for r in rows if r[:1] == ["meta"] and len(r) > 4 and r[3] == "results_format"), None)
+    if rows and tuple(rows[0]) == RESULTS_COLUMNS_1 and found != str(RESULTS_FORMAT):  # an older runner's
+        raise _other_format(what, found)
     if not rows or tuple(rows[0]) != RESULTS_COLUMNS:
         raise UsageError(f"{what}: not the results CSV of a bundle's runner (its header should be "
                          f"{','.join(RESULTS_COLUMNS)})")
     body = rows[1:]
     if not body or body[-1][:1] != ["end"] or len(body[-1]) != len(RESULTS_COLUMNS) \
             or body[-1][4] != str(len(body) - 1):
-        raise UsageError(f"{what}: the file is cut short or was edited (its end row does not count its "
-                         f"{len(body) - 1} rows); run the runner again")
+        raise UsageError(f"{what}: the file is cut short or was edited (it does not end with the row that counts "
+                         f"its {max(len(body) - 1, 0)} rows); run the runner again")
     for n, row in enumerate(body, start=2):
         if len(row) != len(RESULTS_COLUMNS):
             raise UsageError(f"{what}: line {n} has {len(row)} fields, not {len(RESULTS_COLUMNS)}")
     return body[:-1]
 
 
-def _number(text: str, what: str, line: int) -> float:
+def _number(text: str, what: str, line: int, positive: bool = False) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise UsageError(f"{what}: line {line}: '{text}' is not a time (a number >= 0)")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise UsageError(f"{what}: line {line}: '{text}' is not a time (a number {'>' if positive else '>='} 0)")
     return value
 
 
@@ -252,7 +256,7 @@ def read_results(results: Path):
             continue
         key = (chunk, network)
         if record == "latency":
-            times[key] = NetworkTimes([], _number(value, what, line))
+            times[key] = NetworkTimes([], _number(value, what, line, positive=True))
             counts[key] = int(_number(count, what, line))
             continue
         t = times.get(key)

@@ -20,6 +20,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from ..fit import MEASUREMENTS_FILE
 from .attribution import (FLOOR_MS, MeasuredNetwork, in_context_costs, measure_networks, measured_network,
                           prepare_networks, tagged_by_kernel)
 from .context import OPSET, TAG, headed_network, odd_width_network, random_network, strided_network
@@ -224,7 +225,6 @@ def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: i
     return fitted
 
 
-MEASUREMENTS_FILE = "measurements.json"  # the measured context networks, beside the table
 
 
 def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, chunk_of: Sequence[int],
