@@ -225,8 +225,6 @@ def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: i
     return fitted
 
 
-
-
 def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, chunk_of: Sequence[int],
                 reference_ms: Sequence[Sequence[float]]):
     """The `lut` device of measured context networks (`measurement`: how they were measured,
