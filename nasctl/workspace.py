@@ -11,7 +11,7 @@ the plugin's distribution and version.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import UsageError
@@ -108,10 +108,12 @@ class Entry:
     name: str
     path: Path
     origin: str
+    hides: tuple[str, ...] = ()  # origins of entries of the same name this one hides (later roots)
 
 
 def entries(folder: str) -> list[Entry]:
-    """Every named entry of a data folder, first root winning; `NAME.yaml` or `NAME/spec.yaml`."""
+    """Every named entry of a data folder, first root winning (the entry records the origins
+    of those it hides); `NAME.yaml` or `NAME/spec.yaml`."""
     found: dict[str, Entry] = {}
     for r in roots():
         base = r.path / folder
@@ -119,9 +121,14 @@ def entries(folder: str) -> list[Entry]:
             continue
         for p in sorted(base.iterdir()):
             if p.suffix in (".yaml", ".yml") and p.is_file():
-                found.setdefault(p.stem, Entry(p.stem, p, r.origin))
+                name, spec = p.stem, p
             elif p.is_dir() and (p / "spec.yaml").is_file():
-                found.setdefault(p.name, Entry(p.name, p / "spec.yaml", r.origin))
+                name, spec = p.name, p / "spec.yaml"
+            else:
+                continue
+            first = found.get(name)
+            found[name] = Entry(name, spec, r.origin) if first is None else \
+                replace(first, hides=(*first.hides, r.origin))
     return sorted(found.values(), key=lambda e: e.name)
 
 

@@ -43,6 +43,26 @@ def test_workspace_entries_are_listed_with_origin(root, tmp_path, monkeypatch):
     assert devices["edge-dual"] == "workspace" and devices["edge-quad"] == "packaged"
 
 
+def test_a_workspace_device_says_what_it_hides_and_an_unreadable_spec_is_marked(root, tmp_path, monkeypatch):
+    ws = make_workspace(root, tmp_path)
+    (ws / "hardware" / "edge-quad.yaml").write_text((root / "hardware" / "edge-quad.yaml").read_text())
+    (ws / "hardware" / "broken").mkdir()
+    (ws / "hardware" / "broken" / "spec.yaml").write_text("kind: [unclosed\n")
+    monkeypatch.setenv("NASCTL_WORKSPACE", str(ws))
+    devices = {e["name"]: e for e in json.loads(runner.invoke(app, ["hw", "list", "--json"]).stdout)}
+    assert devices["edge-quad"]["origin"] == "workspace" and devices["edge-quad"]["hides"] == ["packaged"]
+    assert "hides" not in devices["edge-dual"]
+    assert devices["broken"]["kind"] == "" and "is not valid YAML" in devices["broken"]["error"]
+    table = runner.invoke(app, ["hw", "list"]).stdout
+    assert "hides the packaged one" in table and "(spec cannot be read)" in table
+    lut = tmp_path / "c.csv"
+    lut.write_text("op,in_ch,out_ch,in_h,in_w,out_h,out_w,kernel_h,kernel_w,stride,groups,w_bits,a_bits,fn,"
+                   "latency_ms\n" + "".join(f"conv,16,16,{hw},{hw},{hw},{hw},3,3,1,1,32,32,relu,{hw * 1e-3}\n"
+                                            for hw in (8, 16, 32)))
+    fitted = runner.invoke(app, ["hw", "fit", "--device", "eyeriss-like", "--lut", str(lut)])
+    assert fitted.exit_code == 0 and "it hides the packaged device of that name" in fitted.stdout, fitted.output
+
+
 def test_search_with_a_new_space_and_device(root, tmp_path):
     ws = make_workspace(root, tmp_path)
     result = runner.invoke(app, ["--workspace", str(ws), "search", "--space", "tiny-mbv2", "--device", "edge-dual",

@@ -54,6 +54,12 @@ def show(name: Annotated[str, typer.Argument(help="Device name or YAML path.")],
     out.print_json(data=doc)
 
 
+def _hides(name: str) -> str:
+    """What a device just written hides: others of its name further down the search path."""
+    hidden = [o for e in workspace.entries("hardware") if e.name == name for o in e.hides]
+    return "".join(f"; it hides the {o} device of that name" for o in hidden)
+
+
 class _Bar:
     """A rich progress bar on stderr (terminals only)."""
 
@@ -144,7 +150,7 @@ def profile(
               f"{r['networks_rms_error_pct']:.1f}% ({r['networks_within_10pct'] * 100:.0f}% within ±10%); "
               f"check it on your own models with `nasctl hw validate --device {device} MODEL.onnx ...`.")
     out.print(fitted.spec["energy"])
-    out.print(f"Device '{device}' written to {spec_path.parent}")
+    out.print(f"Device '{device}' written to {spec_path.parent}" + _hides(device))
 
 
 @app.command("fit", help=(
@@ -253,7 +259,7 @@ def fit(
                   f"{f['calibration']['rms_error_pct']:.1f}%.")
     out.print(f"Overhead: {fitted.spec['overhead']['per_model_ms']:.4g} ms per model, "
               f"{fitted.spec['overhead']['per_layer_ms']:.4g} ms per layer.")
-    out.print(f"Device '{device}' written to {spec_path.parent}")
+    out.print(f"Device '{device}' written to {spec_path.parent}" + _hides(device))
 
 
 def _parse_shape(text: str) -> tuple[int, int, int]:

@@ -35,12 +35,14 @@ def print_listing(entries, registry, what: str, as_json: bool, kinds_only: bool)
         if as_json:
             return print_json(kinds)
     else:
-        rows = [{"name": e.name, "kind": _kind(e.path), "origin": e.origin, "path": str(e.path)} for e in entries]
+        rows = [{"name": e.name, **_kind(e.path), "origin": e.origin, **({"hides": list(e.hides)} if e.hides else {}),
+                 "path": str(e.path)} for e in entries]
         if as_json:
             return print_json(rows)
         table = Table("name", "kind", "origin", "path", title=f"{what}s")
         for r in rows:
-            table.add_row(r["name"], r["kind"], r["origin"], r["path"])
+            table.add_row(r["name"], r["kind"] or "(spec cannot be read)",
+                          r["origin"] + "".join(f" (hides the {o} one)" for o in r.get("hides", ())), r["path"])
         out.print(table)
     table = Table("kind", "origin", title=f"{what} kinds")
     for k in kinds:
@@ -48,15 +50,16 @@ def print_listing(entries, registry, what: str, as_json: bool, kinds_only: bool)
     out.print(table)
 
 
-def _kind(path) -> str:
-    """The `kind:` of a spec file, read without building it ("" where it cannot be read)."""
+def _kind(path) -> dict:
+    """{"kind": the `kind:` of a spec file}, read without building it; with "error" (and
+    kind "") where it cannot be read."""
     from ..errors import ConfigError
     from ..specs import read_yaml
 
     try:
-        return str(read_yaml(path).get("kind", ""))
-    except ConfigError:
-        return ""
+        return {"kind": str(read_yaml(path).get("kind", ""))}
+    except ConfigError as e:
+        return {"kind": "", "error": str(e)}
 
 
 @app.command("show")
