@@ -200,6 +200,11 @@ def checked_latencies(layer_lists: Sequence[Sequence[LayerSpec]], latency_ms: Se
     return y
 
 
+def distinct_models(layer_lists: Sequence[Sequence[LayerSpec]]) -> int:
+    """How many of the models differ in their layers (a model measured twice counts once)."""
+    return len({tuple(layer.shape_key() for layer in layers) for layers in layer_lists})
+
+
 def feasible_groupings(layer_lists: Sequence[Sequence[LayerSpec]], models: int) -> list[str]:
     """The groupings `models` measured models can fit without a prior: fewer unknowns than
     4/5 of them."""

@@ -44,7 +44,7 @@ import numpy as np
 from ..errors import UsageError
 from .base import CostModel
 from .fit import (FLOOR_MS, GROUPINGS, FittedDevice, _choose_regressors, _Grouping, _spec, checked_latencies,
-                  cv_rms_error, distinct_layers, feasible_groupings, fit_from_models)
+                  cv_rms_error, distinct_layers, distinct_models, feasible_groupings, fit_from_models)
 from .layers import LayerSpec
 from .lut import LutDevice, layer_from_row, read_lut, row_from_layer
 
@@ -118,9 +118,11 @@ def fit_with_prior(name: str, layer_lists: Sequence[Sequence[LayerSpec]], latenc
     y = checked_latencies(layer_lists, latency_ms)
     if not priors:
         raise UsageError("a prior needs at least one device")
-    if len(y) < MIN_MODELS:
-        raise UsageError(f"{len(y)} measured models are too few to fit with a prior: it needs at least {MIN_MODELS} "
-                         f"(the trust in it is chosen by cross-validation on them)")
+    distinct = distinct_models(layer_lists)
+    if distinct < MIN_MODELS:
+        raise UsageError(f"{distinct} measured models are too few to fit with a prior: it needs at least {MIN_MODELS} "
+                         f"distinct ones (the trust in it is chosen by cross-validation on them)"
+                         + (f"; {len(y)} rows, some of the same model" if distinct < len(y) else ""))
     if grouping is not None and grouping not in GROUPINGS:
         raise UsageError(f"unknown grouping '{grouping}'; allowed: {', '.join(GROUPINGS)}")
     groupings = [grouping] if grouping else list(GROUPINGS)

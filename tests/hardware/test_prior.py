@@ -163,6 +163,12 @@ def test_two_models_are_too_few_even_with_a_prior(priors):
         fit_with_prior("new", *models(2, 9, COST_A), priors)
 
 
+def test_one_model_measured_many_times_is_one_model(priors):
+    layers, latency = models(1, 9, COST_A)
+    with pytest.raises(UsageError, match="1 measured models are too few .*; 8 rows, some of the same model"):
+        fit_with_prior("new", layers * 8, latency * 8, priors)
+
+
 def test_a_prior_table_without_the_models_kernel_types_is_named(tmp_path):
     only_linear = table_device(tmp_path, "linear-only", [0.01], kernels=[POOL[-1]])
     with pytest.raises(UsageError, match="prior device 'linear-only' cannot price.*conv"):
