@@ -167,8 +167,9 @@ def profile(
     "Both: the table is calibrated against the end-to-end latencies.\n\n"
     "--bundle-results FILE: the results CSV a profiling bundle's runner wrote on the target (`nasctl hw bundle`), "
     "beside the bundle's bundle.json: the device is fitted as `hw profile` fits its own measurements.\n\n"
-    "--prior DEV1,DEV2 (with --models): devices already known (lut or analytical) as a prior: each kernel's "
-    "cost a non-negative mix of theirs plus a penalised correction; how far to trust them (prior only, a "
+    "--prior DEV1,DEV2 (with --models): devices already known (lut, analytical, gpu or a plugin's kind: any "
+    "that prices the models' layers) as a prior: each kernel's cost a non-negative mix of theirs plus a "
+    "penalised correction; how far to trust them (prior only, a "
     "correction's strength, or no prior) is chosen by cross-validation on the measured models."))
 def fit(
     device: Annotated[str, typer.Option(help="Name of the device to write.", show_default=False)],

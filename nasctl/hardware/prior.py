@@ -2,9 +2,9 @@
 (`nasctl hw fit --device NEW --models FILE --prior DEV1,DEV2`).
 
 A prior device is any device nasctl can load whose `estimate(layers)` prices the models'
-layer lists: a `lut` device (profiled or fitted) or an analytical one.  Each prior prices
-every distinct kernel of the measured models (and of the prior tables), and the new
-device's cost of a kernel is modelled as
+layer lists: a `lut` device (profiled or fitted), an analytical or `gpu` one, or a
+plugin's kind.  Each prior prices every distinct kernel of the measured models (and of
+the prior tables), and the new device's cost of a kernel is modelled as
 
     cost(kernel) = Σ_k w_k · cost_k(kernel) + correction(kernel),    w_k ≥ 0,
 
