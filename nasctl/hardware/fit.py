@@ -159,21 +159,34 @@ def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
     return x / scale
 
 
-def cv_rms_error(A: np.ndarray, y: np.ndarray, solve=_nnls, folds: int = 5, seed: int = 0) -> float:
+def cv_rms_error(A: np.ndarray, y: np.ndarray, solve=_nnls, folds: int = 5, seed: int = 0,
+                 groups: Optional[np.ndarray] = None) -> float:
     """Cross-validated RMS relative error (%) of `y ≈ A @ solve(A, y)`: `folds` folds of a
-    permutation seeded by `seed` (folds == len(y): leave one out)."""
-    order = np.random.default_rng(seed).permutation(len(y))
+    permutation seeded by `seed` (folds == the number of groups: leave one out).  Rows of the
+    same `groups` value (a model measured twice) are held out together, so no row is tested
+    against its own twin in training; without `groups` every row is its own group."""
+    groups = np.arange(len(y)) if groups is None else np.asarray(groups)
+    names = np.unique(groups)
+    order = names[np.random.default_rng(seed).permutation(len(names))]
     errors = np.empty(len(y))
     for k in range(folds):
-        test = order[k::folds]
-        train = np.setdiff1d(order, test)
+        test = np.flatnonzero(np.isin(groups, order[k::folds]))
+        train = np.flatnonzero(~np.isin(groups, order[k::folds]))
         x = solve(A[train], y[train])
         errors[test] = A[test] @ x / y[test] - 1.0
     return float(np.sqrt(np.mean(errors ** 2)) * 100)
 
 
+def model_groups(layer_lists: Sequence[Sequence[LayerSpec]]) -> np.ndarray:
+    """One id per row, the same for rows whose layers are the same (a model measured twice)."""
+    ids: dict[tuple, int] = {}
+    return np.array([ids.setdefault(tuple(layer.shape_key() for layer in layers), len(ids))
+                     for layers in layer_lists], dtype=int)
+
+
 def _cv_error(grouping: _Grouping, layer_lists, y: np.ndarray, folds: int = 5, seed: int = 0) -> float:
-    return cv_rms_error(np.array([grouping.columns(layers) for layers in layer_lists]), y, folds=folds, seed=seed)
+    return cv_rms_error(np.array([grouping.columns(layers) for layers in layer_lists]), y, folds=folds, seed=seed,
+                        groups=model_groups(layer_lists))
 
 
 GROUPINGS = ("kernels", "types", "types-shared")
@@ -202,7 +215,7 @@ def checked_latencies(layer_lists: Sequence[Sequence[LayerSpec]], latency_ms: Se
 
 def distinct_models(layer_lists: Sequence[Sequence[LayerSpec]]) -> int:
     """How many of the models differ in their layers (a model measured twice counts once)."""
-    return len({tuple(layer.shape_key() for layer in layers) for layers in layer_lists})
+    return len(np.unique(model_groups(layer_lists)))
 
 
 def feasible_groupings(layer_lists: Sequence[Sequence[LayerSpec]], models: int) -> list[str]:
@@ -230,7 +243,9 @@ def fit_from_models(name: str, layer_lists: Sequence[Sequence[LayerSpec]], laten
             need = int(np.ceil((unknowns["types-shared"] + 1) / 0.8))
             raise UsageError(f"{len(y)} models are too few to fit from: their {unknowns['types-shared'] - 2} "
                              f"kernel types need at least {need} measured models")
-    errors = {g: round(_cv_error(candidates[g], layer_lists, y), 2) for g in feasible} if len(y) >= 5 else {}
+    distinct = distinct_models(layer_lists)  # cross-validated over distinct models: a model's twin rows go together
+    errors = {g: round(_cv_error(candidates[g], layer_lists, y, folds=min(5, distinct)), 2)
+              for g in feasible} if distinct >= 5 else {}
     chosen = min(errors, key=errors.get) if errors else feasible[0]
     g = candidates[chosen]
     x = _nnls(np.array([g.columns(layers) for layers in layer_lists]), y)

@@ -13,8 +13,8 @@ kernel costs plus a non-negative correction in one of `fit.py`'s kernel grouping
 (`kernels`, `types`, `types-shared`; per kernel type a cost per unit of work and per
 layer), solved by least squares on relative errors.  The correction is held back by a
 ridge penalty on its (scale-free) coefficients.  How much to trust the prior is chosen by
-cross-validation on the measured models alone (at least 3; leave one out up to 20, 10 folds
-above), among
+cross-validation on the measured models alone (at least 3 distinct ones; leave one model out
+up to 20, 10 folds above; rows of the same layers are held out together), among
 
   prior             the combination and an overhead only (no correction): a handful of
                     models determine it;
@@ -44,7 +44,8 @@ import numpy as np
 from ..errors import UsageError
 from .base import CostModel
 from .fit import (FLOOR_MS, GROUPINGS, FittedDevice, _choose_regressors, _Grouping, _spec, checked_latencies,
-                  cv_rms_error, distinct_layers, distinct_models, feasible_groupings, fit_from_models)
+                  cv_rms_error, distinct_layers, distinct_models, feasible_groupings, fit_from_models,
+                  model_groups)
 from .layers import LayerSpec
 from .lut import LutDevice, layer_from_row, read_lut, row_from_layer
 
@@ -145,15 +146,16 @@ def fit_with_prior(name: str, layer_lists: Sequence[Sequence[LayerSpec]], latenc
         if g in scratch:
             without.append(_Candidate(f"none+{g}", np.zeros((len(y), 0)), G, 0.0, grp))
     candidates += without
-    folds = len(y) if len(y) <= 20 else 10
-    errors = {c.label: round(cv_rms_error(c.A, y, c.solve, folds=folds), 3) for c in candidates}
+    folds = distinct if distinct <= 20 else 10  # over distinct models: a model's twin rows are held out together
+    groups = model_groups(layer_lists)
+    errors = {c.label: round(cv_rms_error(c.A, y, c.solve, folds=folds, groups=groups), 3) for c in candidates}
     best = min(candidates[:len(candidates) - len(without)], key=lambda c: errors[c.label])
     scratch_best = min(without, key=lambda c: errors[c.label], default=None)
     if scratch_best is not None and errors[scratch_best.label] < MARGIN * errors[best.label]:
         best = scratch_best  # the prior must at least halve the error of fitting without it
     names = [d.name for d in priors]
-    record = {"devices": names, "trust": best.label, "cv": "leave one out" if folds == len(y) else f"{folds}-fold",
-              "cv_rms_error_pct": errors}
+    record = {"devices": names, "trust": best.label,
+              "cv": "leave one model out" if folds == distinct else f"{folds}-fold", "cv_rms_error_pct": errors}
 
     if best.label.startswith("none+"):  # the prior does not help: today's fit (its own grouping), with the record of why
         fitted = fit_from_models(name, layer_lists, y, grouping=grouping, description=description)

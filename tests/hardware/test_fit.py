@@ -63,6 +63,33 @@ def test_few_models_fit_costs_per_op_type():
         sum(per_mac * l.macs + per_layer for l in unseen) + OVERHEAD, rel=0.03)
 
 
+def test_cross_validation_holds_a_models_twin_rows_out_together():
+    """A model measured twice is one model to cross-validation: its rows go to the same fold,
+    so listing every model twice changes no grouping's CV error (a twin in training would
+    price its own model, and the error of every grouping would drop toward the training fit's)."""
+    models, latency = random_models(40, np.random.default_rng(3))
+    noisy = list(np.array(latency) * np.exp(np.random.default_rng(4).normal(0, 0.05, len(latency))))
+    once = fit_from_models("once", models, noisy).spec["fit"]["cv_rms_error_pct_by_grouping"]
+    twice = fit_from_models("twice", models + models, noisy + noisy).spec["fit"]["cv_rms_error_pct_by_grouping"]
+    shared = set(once) & set(twice)
+    assert "kernels" in shared
+    assert {g: twice[g] for g in shared} == pytest.approx({g: once[g] for g in shared}, abs=0.02)
+    assert min(once.values()) > 1.0  # the 5% noise shows in every grouping's CV error
+
+
+def test_the_cv_error_of_twin_rows_leaks_without_groups():
+    from nasctl.hardware.fit import cv_rms_error, model_groups
+
+    models, latency = random_models(30, np.random.default_rng(5))
+    y = np.array(latency) * np.exp(np.random.default_rng(6).normal(0, 0.05, len(latency)))
+    A = np.array([[sum(1 for layer in m if layer is k) for k in POOL] + [1] for m in models], dtype=float)
+    A2, y2, twins = np.vstack([A, A]), np.r_[y, y], model_groups(models + models)
+    assert list(twins) == list(range(30)) * 2
+    honest = cv_rms_error(A2, y2, folds=30, groups=twins)
+    assert honest == pytest.approx(cv_rms_error(A, y, folds=30), rel=1e-6)
+    assert cv_rms_error(A2, y2, folds=60) < 0.9 * honest  # row by row, a twin prices its own model
+
+
 def test_too_few_models_is_a_one_line_error():
     models, latency = random_models(3, np.random.default_rng(3))
     with pytest.raises(UsageError, match="too few"):

@@ -169,6 +169,21 @@ def test_one_model_measured_many_times_is_one_model(priors):
         fit_with_prior("new", layers * 8, latency * 8, priors)
 
 
+def test_a_model_measured_twice_is_held_out_with_its_twin(priors):
+    """Leave one model out holds a model's repeated rows out together: listing every model
+    twice leaves each candidate's CV error and the trust chosen as they were (a twin left in
+    training would price its own model and make a candidate look better than it is)."""
+    layers, latency = models(20, 4, 0.6 * COST_A + 1.5 * COST_B, noise=0.05)  # every grouping feasible either way
+    once = fit_with_prior("new", layers, latency, priors).spec["fit"]["prior"]
+    twice = fit_with_prior("new", layers + layers[::-1], latency + latency[::-1], priors).spec["fit"]["prior"]
+    assert twice["cv"] == once["cv"] == "leave one model out"
+    shared = set(once["cv_rms_error_pct"]) & set(twice["cv_rms_error_pct"])
+    assert any(k.startswith("prior+") for k in shared)
+    assert {k: twice["cv_rms_error_pct"][k] for k in shared} == pytest.approx(
+        {k: once["cv_rms_error_pct"][k] for k in shared}, abs=2e-3)
+    assert twice["trust"] == once["trust"]
+
+
 def test_a_prior_table_without_the_models_kernel_types_is_named(tmp_path):
     only_linear = table_device(tmp_path, "linear-only", [0.01], kernels=[POOL[-1]])
     with pytest.raises(UsageError, match="prior device 'linear-only' cannot price.*conv"):
