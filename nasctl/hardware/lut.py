@@ -8,8 +8,10 @@ measured cost in context; the columns (`LUT_COLUMNS`, optionally `energy_mj`) ar
 documented in `nasctl.hardware.fit` and `nasctl hw fit --help`.
 
 Pricing a layer: a row with the layer's exact shape (`LayerSpec.shape_key`) gives its
-cost as stored; any other layer is priced by a regressor fitted (the first time the device
-needs it) to the rows of its kernel type (the op; convs split into dense, grouped and
+cost as stored (unless the spec says `exact_rows: false`, as a profiled device does: its
+rows are single in-context measurements, and every layer is priced by its type's
+regressor, which the rows are fitted into); any other layer is priced by a regressor
+fitted (the first time the device needs it) to the rows of its kernel type (the op; convs split into dense, grouped and
 depthwise, and depthwise ones of channels not a multiple of 4 apart again - onnxruntime
 runs them channel by channel, each channel a kernel call with its fixed cost; adds into a
 conv's residual sums - `fn` sum, accumulated into the conv's output - and the others;
@@ -181,6 +183,10 @@ class LutSpec(_Strict):
     energy: str = ""                      # how energy was measured, or why it is not
     overhead: Overhead = Overhead()
     regressors: dict[str, Literal["additive", "ridge", "boost", "nearest"]] = {}  # kernel type -> regressor
+    # true: a layer of a row's exact shape costs what the row says; false (profiled devices,
+    # whose rows are each one in-context measurement): every layer is priced by its type's
+    # regressor, fitted to all the rows, so one row's noise is evened out by its neighbours
+    exact_rows: bool = True
     measurement: dict[str, Any] = {}      # how the table was measured (protocol, machine)
     fit: dict[str, Any] = {}              # how the device was fitted, with its errors
 
@@ -914,7 +920,7 @@ class LutDevice(CostModel):
             key = layer.shape_key()
             if key in self._cache:
                 continue
-            if key in self._exact:
+            if key in self._exact and self.spec.exact_rows:
                 self._cache[key] = self._cost(self._exact[key], "table", layer)
                 continue
             # The layer's kernel type; where the table has none of it, or only kernels far

@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -230,6 +231,11 @@ def test_quick_profile_builds_a_device_that_prices_layers(tmp_path):
     cost = device.estimate([LayerSpec("add", 1, 1, (1, 1), (1, 1)), hit]).costs[1]
     # too few context networks to fit per-kernel offsets on held-out folds: none, and the spec says why
     assert fitted.spec["overhead"]["per_kernel_ms"] == {} and "not fitted" in fitted.spec["fit"]["kernel_offsets"]["note"]
+    # a profiled device prices its own kernels by their type's regressor (each row is one
+    # network's noisy in-context time); a spec that trusts exact rows prices the row as stored
+    assert fitted.spec["exact_rows"] is False and cost.mapping.endswith("regressor")
+    exact = LutDevice.from_dict({"name": "cpu-local", **fitted.spec, "exact_rows": True}, folder)
+    cost = exact.estimate([LayerSpec("add", 1, 1, (1, 1), (1, 1)), hit]).costs[1]
     assert cost.mapping == "table" and cost.latency_ms == pytest.approx(rows[0]["latency_ms"] + per_layer)
     convs = [r for r in rows if r["op"] == "conv" and r["groups"] == 1]
     assert convs, "a profile always measures dense convs"
@@ -843,3 +849,34 @@ def test_int8_max_pools_are_told_apart_by_the_kernel_onnxruntime_runs_them_in(tm
     ran = sorted((n.op_type, n.domain, made_by[n.input[0]]) for n in optimized if "MaxPool" in n.op_type)
     assert ran == [("MaxPool", "", "QLinearConcat"), ("MaxPool", "com.microsoft.nchwc", "ReorderInput"),
                    ("NhwcMaxPool", "com.microsoft", "QLinearConv")]
+
+
+def test_a_profiled_device_prices_its_own_kernels_by_their_regressor_not_one_noisy_row():
+    # Each row of a profile is one network's in-context time of a kernel, off by that
+    # network's noise. A kernel measured once, in a network that ran 40% slow, is priced
+    # from the trend of all the rows (the profiled device's `exact_rows: false`), not as its
+    # one row says; a device whose spec trusts exact rows would price it 40% high.
+    from nasctl.hardware.measure.attribution import MeasuredNetwork
+    from nasctl.hardware.measure.profile import fit_profile
+
+    rng = np.random.default_rng(4)
+    pool = [LayerSpec("conv", c, 2 * c, (hw, hw), (hw, hw), (3, 3), name="k:conv")
+            for c in (8, 16, 24, 32, 48, 64) for hw in (8, 12, 16, 24)]
+    true = lambda layer: 2e-3 + layer.macs * 1e-8  # noqa: E731
+    odd = LayerSpec("conv", 40, 80, (20, 20), (20, 20), (3, 3), name="k:conv")
+    nets = []
+    for i in range(60):
+        layers = [replace(pool[j], name=f"k{n}:conv") for n, j in enumerate(rng.choice(len(pool), 3, replace=False))]
+        noise = 1.4 if i == 0 else float(np.exp(rng.normal(0, 0.05)))
+        if i == 0:
+            layers.append(replace(odd, name="k3:conv"))
+        ms = [true(layer) * noise for layer in layers]
+        nets.append(MeasuredNetwork(f"net {i}", layers, ms, [1.0] * len(ms), 0.01 + sum(ms)))
+    fitted = fit_profile("cpu-local", nets, {}, [0] * len(nets), [[1.0]])
+    assert fitted.spec["exact_rows"] is False
+    device = fitted.device()
+    run = device.spec.overhead.per_model_ms
+    assert device.estimate([odd]).latency_ms - run == pytest.approx(true(odd), rel=0.12)
+    exact = fitted.device()
+    exact.spec = exact.spec.model_copy(update={"exact_rows": True})
+    assert exact.estimate([odd]).latency_ms - run > 1.25 * true(odd)

@@ -290,6 +290,10 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
                                  "overhead": {"per_model_ms": norm["run_overhead_ms"], "per_layer_ms": 0.0,
                                               **({"weight_stream": stream} if stream is not None else {})}})
     fitted.spec["fit"]["weight_stream"] = stream_how
+    # Each row is one network's in-context time of a kernel, off by its network's noise (two
+    # profiles of the same networks differ by 6-15% a row, median): every layer is priced by
+    # its type's regressor, fitted to all rows - the offsets below too, on out-of-fold prices.
+    fitted.spec["exact_rows"] = False
     offsets, working_set, how = kernel_offsets(name, rows, measured, fitted.spec)
     fitted.spec["overhead"]["per_kernel_ms"] = offsets
     if working_set is not None:
