@@ -36,7 +36,8 @@ device but its N cells is used.
 
 Draw seeds 100-109, 200-209 and 300-309 were used to design the method (its trust levels,
 ALPHA, the rule for cells that cannot tell the conventions apart, prior.MARGIN); 1400-1409,
-1500-1509, 1600-1609 and 1700-1709 were held out and run once with this code; 0-9,
+1500-1509, 1600-1609 and 1700-1709 were held out and run once with this code (and 1800-1809
+once after cross-validation came to hold a model's repeated rows out together); 0-9,
 400-409, 500-509, 700-709, 800-809 and 900-1309 were run with earlier versions
 (benchmarks/README.md).  DIR holds HW-NAS-Bench's
 `hwnasbench_nb201.csv` (default: $NASCTL_NB201_DIR, else ../shared/benchmarks/nb201 next
