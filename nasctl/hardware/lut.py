@@ -12,8 +12,9 @@ cost as stored (unless the spec says `exact_rows: false`, as a profiled device d
 rows are single in-context measurements, and every layer is priced by its type's
 regressor, which the rows are fitted into); any other layer is priced by a regressor
 fitted (the first time the device needs it) to the rows of its kernel type (the op; convs
-split into dense, grouped and depthwise, and depthwise ones of channels not a multiple of 4 apart again - onnxruntime
-runs them channel by channel, each channel a kernel call with its fixed cost; adds into a
+split into dense, grouped and depthwise, and depthwise ones of channels not a multiple of 4
+apart again - onnxruntime runs them channel by channel, each channel a kernel call with its
+fixed cost; adds into a
 conv's residual sums - `fn` sum, accumulated into the conv's output - and the others;
 quantized kernels apart from float ones, and those that run dequantized apart again -
 priced as fused ones where the table has none, or only kernels of less than an eighth of
