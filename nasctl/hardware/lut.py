@@ -7,24 +7,24 @@ a layer as `LayerSpec` describes it, with its fused batch norm and activation - 
 measured cost in context; the columns (`LUT_COLUMNS`, optionally `energy_mj`) are
 documented in `nasctl.hardware.fit` and `nasctl hw fit --help`.
 
-Pricing a layer: a row with the layer's exact shape (`LayerSpec.shape_key`) gives its
-cost as stored (unless the spec says `exact_rows: false`, as a profiled device does: its
-rows are single in-context measurements, and every layer is priced by its type's
-regressor, which the rows are fitted into); any other layer is priced by a regressor
-fitted (the first time the device needs it) to the rows of its kernel type (the op; convs
-split into dense, grouped and depthwise, and depthwise ones of channels not a multiple of 4
-apart again - onnxruntime runs them channel by channel, each channel a kernel call with its
-fixed cost; adds into a
-conv's residual sums - `fn` sum, accumulated into the conv's output - and the others;
-quantized kernels apart from float ones, and those that run dequantized apart again -
-priced as fused ones where the table has none, or only kernels of less than an eighth of
-the layer's work, and then as float kernels, likewise; grouped convs as dense ones,
-channel-by-channel depthwise convs as the others and residual sums as adds where the table
-has none of them) on log-scale features - MACs, elements read and written, weights,
-channels, positions, kernel area, stride, groups, bit widths, channel alignment to vector
-blocks, the activation and a transpose's copies (`_copies`).  Predictions are of log
-latency, so prices are always positive.  The spec names each type's regressor
-(`regressors:`, chosen by `nasctl hw fit` / `hw profile` by cross-validated error):
+Pricing a layer: a row with the layer's exact shape (`LayerSpec.shape_key`) gives its cost
+as stored (unless the spec says `exact_rows: false`, as a profiled device does: its rows
+are single in-context measurements, and every layer is priced by its type's regressor,
+which the rows are fitted into); any other layer is priced by a regressor fitted (the
+first time the device needs it) to the rows of its kernel type (the op; convs split into
+dense, grouped and depthwise, and depthwise ones of channels not a multiple of 4 apart
+again - onnxruntime runs them channel by channel, each channel a kernel call with its
+fixed cost; adds into a conv's residual sums - `fn` sum, accumulated into the conv's
+output - and the others; quantized kernels apart from float ones, and those that run
+dequantized apart again - priced as fused ones where the table has none, or only kernels
+of less than an eighth of the layer's work, and then as float kernels, likewise; grouped
+convs as dense ones, channel-by-channel depthwise convs as the others and residual sums as
+adds where the table has none of them) on log-scale features - MACs, elements read and
+written, weights, channels, positions, kernel area, stride, groups, bit widths, channel
+alignment to vector blocks, the activation and a transpose's copies (`_copies`).
+Predictions are of log latency, so prices are always positive. The spec names each type's
+regressor (`regressors:`, chosen by `nasctl hw fit` / `hw profile` by cross-validated
+error):
 
   additive  latency = a non-negative mix of a fixed cost per kernel call, MACs, elements
             moved, weights, an unfused activation's extra pass and, for a batched product
