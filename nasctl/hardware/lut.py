@@ -392,6 +392,9 @@ FEATURES = ("log_macs", "log_padded_macs", "log_in", "log_out", "log_params", "l
             "log_in_pos", "log_out_pos", "log_kernel", "stride", "log_groups", "log_w_bits", "log_a_bits",
             "out_ch_align", "in_ch_align", "tokens") + tuple(f"fn_{f}" for f in FN_VOCAB) + ("log_copies",)
 FEATURES_BEFORE_COPIES = FEATURES.index("log_copies")  # the features regressors saved before it read
+# Sub-kinds told apart since (appended, so that regressors saved before read their own features)
+FN_LATER = ("erf",)  # a stand-alone Erf: a GELU of a quantized transformer, run op by op
+FEATURES += tuple(f"fn_{f}" for f in FN_LATER)
 BLOCK = 16  # channel block of vectorised CPU kernels (AVX-512 floats)
 
 
@@ -419,7 +422,8 @@ def features(layers: Sequence[LayerSpec]) -> np.ndarray:
                       log(l.in_ch), log(l.out_ch), log(l.in_hw[0] * l.in_hw[1]), log(l.out_hw[0] * l.out_hw[1]),
                       log(l.kernel[0] * l.kernel[1]), l.stride, log(l.groups), log(l.w_bits), log(l.a_bits),
                       _align(l.out_ch), _align(l.in_ch // l.groups), l.in_hw[1] == 1 and l.in_hw[0] > 1,
-                      *(l.fn == f for f in FN_VOCAB), log(_copies(l))] for l in layers],
+                      *(l.fn == f for f in FN_VOCAB), log(_copies(l)), *(l.fn == f for f in FN_LATER)]
+                     for l in layers],
                     dtype=float).reshape(len(layers), len(FEATURES))
 
 

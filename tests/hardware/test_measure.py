@@ -271,7 +271,7 @@ def test_a_full_profile_draws_every_tenth_context_network_large_and_a_quick_one_
     import nasctl.hardware.measure.profile as profile
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_HEADED
+    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_ERF
     nets = profile.context_networks(600, seed=7)
 
     def macs(model) -> int:
@@ -880,3 +880,37 @@ def test_a_profiled_device_prices_its_own_kernels_by_their_regressor_not_one_noi
     exact = fitted.device()
     exact.spec = exact.spec.model_copy(update={"exact_rows": True})
     assert exact.estimate([odd]).latency_ms - run > 1.25 * true(odd)
+
+
+def test_int8_transformers_write_some_gelus_as_torch_exports_them_and_onnxruntime_runs_the_erf(tmp_path):
+    """A published int8 transformer exported before opset 20 holds its GELUs as Div, Erf,
+    Add, Mul, Mul, each quantized: onnxruntime runs them one by one, the Erf in float. A
+    full profile's int8 transformers write half their GELUs so (SEEDING_ERF), the importer
+    reads the Erf as an `act` of its own (fn `erf`, a feature the regressors tell apart),
+    and profiles drawn before build their networks as they were."""
+    import onnxruntime as ort
+
+    import nasctl.hardware.measure.profile as profile
+    from nasctl.hardware.lut import FEATURES, features
+
+    model, description = random_network(np.random.default_rng([7, 37]), erf_gelu=True)
+    plain, plain_description = random_network(np.random.default_rng([7, 37]))
+    assert description.endswith("erf-gelu") and description.startswith("int8")
+    assert "Erf" in {n.op_type for n in model.graph.node} and "Erf" not in {n.op_type for n in plain.graph.node}
+    assert "erf" not in plain_description
+    onnx.save(model, str(tmp_path / "net.onnx"))
+    layers = import_onnx(tmp_path / "net.onnx").layers
+    erfs = [layer for layer in layers if layer.op == "act" and layer.fn == "erf"]
+    assert erfs and all(TAG.search(layer.name) for layer in erfs)
+    assert features(erfs)[:, FEATURES.index("fn_erf")].all()
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(tmp_path / "net.onnx"), so, providers=["CPUExecutionProvider"])
+    assert "Erf" in {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+    # a profile drawn before builds its networks as it drew them; the others are the same
+    erf = profile.context_network(7, 30, profile.SEEDING_ERF)
+    before = profile.context_network(7, 30, profile.SEEDING_HEADED)
+    assert "erf-gelu" in erf[1] and "erf" not in before[1]
+    for i in (0, 1, 2, 3):
+        assert profile.context_network(7, i, profile.SEEDING_ERF)[0].SerializeToString() == \
+            profile.context_network(7, i, profile.SEEDING_HEADED)[0].SerializeToString()

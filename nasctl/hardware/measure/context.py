@@ -50,6 +50,10 @@ class NetBuilder:
         self.kernels = 0
         self.macs = 0
         self._consts = 0
+        # GELU as torch's exporter writes it before opset 20 (x * 0.5 * (1 + erf(x / sqrt 2)));
+        # else the Gelu op.  Float, onnxruntime fuses the two alike; quantized, it runs the
+        # Erf form's ops one by one between quantize and dequantize nodes
+        self.erf_gelu = False
 
     # -- plumbing --
     def _tag(self) -> str:
@@ -91,6 +95,11 @@ class NetBuilder:
         if fn == "swish":
             s = self.node("Sigmoid", [x], tag, "sig", shape)
             return self.node("Mul", [x, s], tag, "act", shape)
+        if fn == "gelu" and self.erf_gelu:
+            d = self.node("Div", [x, self.const(np.sqrt(2.0))], tag, "div", shape)
+            e = self.node("Erf", [d], tag, "erf", shape)
+            y = self.node("Mul", [x, self.node("Add", [e, self.const(1.0)], tag, "add", shape)], tag, "mul", shape)
+            return self.node("Mul", [y, self.const(0.5)], tag, "act", shape)
         op = {"relu": "Relu", "hardswish": "HardSwish", "sigmoid": "Sigmoid", "hardsigmoid": "HardSigmoid",
               "gelu": "Gelu", "tanh": "Tanh", "leakyrelu": "LeakyRelu"}[fn]
         return self.node(op, [x], tag, "act", shape)
@@ -593,9 +602,13 @@ class _Blocks:
         return b.add(x, y)
 
 
-def random_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: float = 1e6):
+def random_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: float = 1e6,
+                   erf_gelu: bool = False):
     """A random context network (an onnx.ModelProto) and a short description of it, of
-    `min_macs` to `max_macs` multiply-accumulates (a tiny one below `min_macs` 1e6 only)."""
+    `min_macs` to `max_macs` multiply-accumulates (a tiny one below `min_macs` 1e6 only).
+    With `erf_gelu`, half the int8 transformers write their GELUs as torch exports them
+    before opset 20 (`NetBuilder.erf_gelu`): quantized, onnxruntime runs the Erf and the
+    products and sums around it one by one, as it does in published int8 transformers."""
     family = _pick(rng, ("cnn", "cnn", "cnn", "cnn", "int8", "int8", "transformer", "unet", "tiny", "regnet"))
     if family == "tiny":
         if min_macs <= 1e6:
@@ -614,8 +627,8 @@ def random_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: fl
         return model, description
     if family == "int8":
         per_channel = bool(rng.random() < 0.5)  # the quantizer's two weight modes
-        model, description = (_transformer_net(rng, size, budget) if rng.random() < 0.2
-                              else _cnn_net(rng, size, budget, int8=True))
+        model, description = (_transformer_net(rng, size, budget, erf_gelu=erf_gelu and rng.random() < 0.5)
+                              if rng.random() < 0.2 else _cnn_net(rng, size, budget, int8=True))
         return _int8(model, description, rng, per_channel)
     return _cnn_net(rng, size, budget)
 
@@ -776,8 +789,10 @@ def _regnet_net(rng, size, budget):
     return b.model(b.classifier(b.global_pool(x), _pick(rng, (10, 100, 1000)))), f"regnet gw{group_width} {size}px"
 
 
-def _transformer_net(rng, size, budget, channels: int = 3, dims=None, conv_stem: bool = False):
+def _transformer_net(rng, size, budget, channels: int = 3, dims=None, conv_stem: bool = False,
+                     erf_gelu: bool = False):
     b = NetBuilder(rng, (1, channels, size, size))
+    b.erf_gelu = erf_gelu
     blocks = _Blocks(b, rng)
     patch = _pick(rng, tuple(p for p in (2, 4, 8, 16) if size % p == 0 and size // p >= 2
                              and (size // p) ** 2 <= 1600 and (size // p >= 4 or size <= 16)) or (size // 4,))
@@ -806,7 +821,8 @@ def _transformer_net(rng, size, budget, channels: int = 3, dims=None, conv_stem:
             break
     x = b.layer_norm(x)
     x = b.token_mean(x) if mixer or rng.random() < 0.5 else b.reshape(x, (1, b.shapes[x][1] * dim))
-    return b.model(b.classifier(x, _pick(rng, (10, 100, 1000)))), f"{'mixer' if mixer else 'vit'} {size}px"
+    kind = "mixer" if mixer else "vit"
+    return b.model(b.classifier(x, _pick(rng, (10, 100, 1000)))), f"{kind} {size}px" + " erf-gelu" * erf_gelu
 
 
 def _unet_net(rng, size, budget):

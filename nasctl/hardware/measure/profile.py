@@ -53,13 +53,16 @@ def reference_networks(n: int = 3) -> list:
 # odd-width networks were added (SEEDING_ODD), every ODD_EVERY-th of the others from ODD_AT
 # on is one, since strided-op networks were (SEEDING_STRIDED), every ODD_EVERY-th from
 # STRIDED_AT, and since headed networks were (SEEDING_HEADED), every ODD_EVERY-th from
-# HEADED_AT; profiles drawn before build their networks as they were drawn.
+# HEADED_AT, and since int8 transformers write GELU as torch exports it (SEEDING_ERF), half
+# of them do so (`context.random_network`'s erf_gelu); profiles drawn before build their
+# networks as they were drawn.
 SEEDING_PLAIN, SEEDING_LARGE = "per network", "per network, large every 10th"
 SEEDING_ODD = "per network, large every 10th, odd widths every 10th"
 SEEDING_STRIDED = "per network, large every 10th, odd widths every 10th, strided ops every 10th"
 SEEDING_HEADED = "per network, large every 10th, odd widths every 10th, strided ops every 10th, headed every 10th"
+SEEDING_ERF = SEEDING_HEADED + ", int8 erf gelus"
 # profiles whose context networks can be built again
-SEEDINGS = (SEEDING_PLAIN, SEEDING_LARGE, SEEDING_ODD, SEEDING_STRIDED, SEEDING_HEADED)
+SEEDINGS = (SEEDING_PLAIN, SEEDING_LARGE, SEEDING_ODD, SEEDING_STRIDED, SEEDING_HEADED, SEEDING_ERF)
 LARGE_EVERY, LARGE_FROM = 10, 5000
 ODD_EVERY, ODD_AT, STRIDED_AT, HEADED_AT = 10, 4, 7, 1
 LARGE_MACS = (1e8, 1e9)
@@ -70,7 +73,7 @@ def seeding_for(kernels: int) -> str:
     """How the context networks of a profile of `kernels` kernels are drawn: with large
     networks (`is_large`), odd-width ones (`is_odd_width`), strided-op ones (`is_strided`)
     and headed ones (`is_headed`) from LARGE_FROM kernels on (a quick profile stays quick)."""
-    return SEEDING_HEADED if kernels >= LARGE_FROM else SEEDING_PLAIN
+    return SEEDING_ERF if kernels >= LARGE_FROM else SEEDING_PLAIN
 
 
 def _since(seeding: str, first: str) -> bool:
@@ -110,8 +113,9 @@ def context_network(seed: int, index: int, seeding: str):
     """The context network `index` of the profile of `seed` drawn by `seeding` (an onnx
     model and a description)."""
     rng = np.random.default_rng([seed, index])
+    erf = _since(seeding, SEEDING_ERF)
     if is_large(index, seeding):
-        model, description = random_network(rng, max_macs=LARGE_MACS[1], min_macs=LARGE_MACS[0])
+        model, description = random_network(rng, max_macs=LARGE_MACS[1], min_macs=LARGE_MACS[0], erf_gelu=erf)
         return model, f"{LARGE_PREFIX}{description}"
     if is_odd_width(index, seeding):
         return odd_width_network(rng)
@@ -119,7 +123,7 @@ def context_network(seed: int, index: int, seeding: str):
         return strided_network(rng)
     if is_headed(index, seeding):
         return headed_network(rng)
-    return random_network(rng)
+    return random_network(rng, erf_gelu=erf)
 
 
 def context_networks(kernels: int, seed: int = 0) -> list:
