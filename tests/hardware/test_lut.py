@@ -327,7 +327,7 @@ def test_a_transpose_is_priced_by_the_copies_it_makes():
     new = [split(16, 4, 12), split(64, 4, 12), split(196, 8, 6)]
     assert np.exp(model.predict(new)) == pytest.approx([truth(l) for l in new], rel=0.10)
     # Regressors saved before the copies were counted price as they did (the new term and
-    # feature weigh nothing).
+    # feature weigh nothing); so do those saved before the last feature (fn erf).
     old = _Additive().restore({"w": model.state["w"][:6]})
     assert np.exp(old.predict(new)) == pytest.approx(_terms(new)[:, :6] @ model.w[:6])
     ridge = fit_regressor("ridge", seen, np.array([truth(l) for l in seen]))
@@ -345,7 +345,7 @@ def test_a_transpose_is_priced_by_the_copies_it_makes():
     again = fit_regressor("nearest", seen, values, nearest.state)
     assert again.predict(new) == pytest.approx(nearest.predict(new))
     before = fit_regressor("nearest", seen, values, {"fixed_work": nearest.state["fixed_work"]})
-    assert before.Z.shape[1] == FEATURES_BEFORE_COPIES == len(FEATURES) - 1
+    assert before.Z.shape[1] == FEATURES_BEFORE_COPIES == FEATURES.index("log_copies")
 
 
 def test_per_kernel_offsets_apply_by_kernel_group_down_to_a_floor(rows):
