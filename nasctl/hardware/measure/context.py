@@ -9,7 +9,8 @@ encoder-decoders (max pooling, nearest/linear resize or transposed conv, skip
 concatenation), and transformer / mixer blocks (layer norm, linear, attention matmuls,
 softmax, GELU - in half the int8 ones of a full profile written as torch exports it before
 opset 20, Div/Erf/Add/Mul/Mul, which quantized runs op by op; some with a depthwise conv in
-the MLP and a stand-alone activation, as PVT-v2; up to 1,600 narrow tokens, as the first stages of hierarchical transformers),
+the MLP and a stand-alone activation, as PVT-v2; up to 1,600 narrow tokens, as the first
+stages of hierarchical transformers),
 and the blocks of conv-attention hybrids whose transposes and reductions run without
 contiguous blocks (`strided_network`: MobileViT's patch unfolding, ConvNeXt-V2's GRN,
 EdgeNeXt's L2-normalised transposed attention, layer norms over the channels axis), and
