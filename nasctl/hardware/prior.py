@@ -44,8 +44,7 @@ import numpy as np
 from ..errors import UsageError
 from .base import CostModel
 from .fit import (FLOOR_MS, GROUPINGS, FittedDevice, _choose_regressors, _Grouping, _spec, checked_latencies,
-                  cv_rms_error, distinct_layers, distinct_models, feasible_groupings, fit_from_models,
-                  model_groups)
+                  cv_rms_error, distinct_layers, feasible_groupings, fit_from_models, model_groups)
 from .layers import LayerSpec
 from .lut import LutDevice, layer_from_row, read_lut, row_from_layer
 
@@ -119,7 +118,8 @@ def fit_with_prior(name: str, layer_lists: Sequence[Sequence[LayerSpec]], latenc
     y = checked_latencies(layer_lists, latency_ms)
     if not priors:
         raise UsageError("a prior needs at least one device")
-    distinct = distinct_models(layer_lists)
+    groups = model_groups(layer_lists)  # rows of the same layers: one model, held out together
+    distinct = len(np.unique(groups))
     if distinct < MIN_MODELS:
         raise UsageError(f"{distinct} measured models are too few to fit with a prior: it needs at least {MIN_MODELS} "
                          f"distinct ones (the trust in it is chosen by cross-validation on them)"
@@ -147,7 +147,6 @@ def fit_with_prior(name: str, layer_lists: Sequence[Sequence[LayerSpec]], latenc
             without.append(_Candidate(f"none+{g}", np.zeros((len(y), 0)), G, 0.0, grp))
     candidates += without
     folds = distinct if distinct <= 20 else 10  # over distinct models: a model's twin rows are held out together
-    groups = model_groups(layer_lists)
     errors = {c.label: round(cv_rms_error(c.A, y, c.solve, folds=folds, groups=groups), 3) for c in candidates}
     best = min(candidates[:len(candidates) - len(without)], key=lambda c: errors[c.label])
     scratch_best = min(without, key=lambda c: errors[c.label], default=None)
