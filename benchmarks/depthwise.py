@@ -7,6 +7,11 @@ minimum, paced over 5 s: `measure_models`) of aligned and unaligned channel coun
 the unaligned ones' time as a fixed cost per channel plus a time per MAC (stride 1), and,
 with `--workspace`, prints what that workspace's `cpu-local` prices each at.
 
+Then depthwise convs with a channel multiplier (each input channel to 2 or 4 outputs:
+FastViT's downsampling) beside the same convs without one and grouped convs of two input
+channels a group: onnxruntime runs a multiplier conv as a grouped conv, group by group,
+and the script prints each one's GMAC/s and kernel type (`lut.kernel_type`: `conv_g`).
+
   python benchmarks/depthwise.py [--workspace runs/cpu-local-bench] [--rounds 15] [--spread 5]
 """
 
@@ -32,14 +37,23 @@ CASES = [(56, 28, 1), (58, 28, 1), (60, 28, 1), (62, 28, 1), (64, 28, 1), (36, 2
          (904, 5, 1)]
 
 
-def model(channels: int, size: int, stride: int) -> bytes:
+# (channels, input size, stride, kernel, output channels, groups): FastViT-T8's 48 -> 96
+# 7x7 stride 2 in 48 groups beside the depthwise conv and grouped convs of the same input
+MULTIPLIER_CASES = [(48, 32, 2, 7, 48, 48), (48, 32, 2, 7, 96, 48), (48, 32, 2, 7, 96, 24), (48, 32, 2, 3, 48, 48),
+                    (48, 32, 2, 3, 96, 48), (64, 32, 1, 3, 64, 64), (64, 32, 1, 3, 128, 64), (64, 32, 1, 3, 256, 64),
+                    (64, 32, 1, 3, 128, 32), (96, 16, 1, 3, 96, 96), (96, 16, 1, 3, 192, 96)]
+
+
+def model(channels: int, size: int, stride: int, k: int = 3, out: int = 0, groups: int = 0) -> bytes:
     b = NetBuilder(np.random.default_rng(0), (1, channels, size, size))
-    return b.model(b.conv("input", channels, 3, stride, groups=channels, act="relu")).SerializeToString()
+    return b.model(b.conv("input", out or channels, k, stride, groups=groups or channels,
+                          act="relu")).SerializeToString()
 
 
-def layer(channels: int, size: int, stride: int) -> LayerSpec:
-    out = (size - 1) // stride + 1
-    return LayerSpec("conv", channels, channels, (size, size), (out, out), (3, 3), stride, channels, fn="relu")
+def layer(channels: int, size: int, stride: int, k: int = 3, out: int = 0, groups: int = 0) -> LayerSpec:
+    side = (size - 1) // stride + 1
+    return LayerSpec("conv", channels, out or channels, (size, size), (side, side), (k, k), stride,
+                     groups or channels, fn="relu")
 
 
 def main() -> None:
@@ -48,7 +62,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--spread", type=float, default=5.0, help="seconds the rounds are paced over")
     args = ap.parse_args()
-    ms = measure_models([model(*c) for c in CASES], Protocol(threads=1, rounds=args.rounds, spread_s=args.spread))
+    every = CASES + MULTIPLIER_CASES
+    times = measure_models([model(*c) for c in every], Protocol(threads=1, rounds=args.rounds, spread_s=args.spread))
+    ms, multiplier_ms = times[:len(CASES)], times[len(CASES):]
     device = None
     if args.workspace is not None:
         from nasctl.hardware.loader import load_device
@@ -71,6 +87,15 @@ def main() -> None:
     by = {c[:3]: x for c, x in zip(CASES, ms)}
     print(f"58 channels at 28x28 against 56 and 60: {by[58, 28, 1] / by[56, 28, 1]:.1f}x and "
           f"{by[58, 28, 1] / by[60, 28, 1]:.1f}x the time")
+    print(f"\n{'in':>4} {'size':>4} {'stride':>6} {'k':>2} {'out':>4} {'groups':>6} {'kernel type':>13} {'ms':>8} "
+          f"{'GMAC/s':>7}" + (f" {'priced ms':>9}" if device else ""))
+    for c, t in zip(MULTIPLIER_CASES, multiplier_ms):
+        spec = layer(*c)
+        line = f"{c[0]:>4} {c[1]:>4} {c[2]:>6} {c[3]:>2} {c[4]:>4} {c[5]:>6} {kernel_type(spec):>13} {t:8.4f} " \
+               f"{spec.macs / t / 1e6:7.2f}"
+        if device is not None:
+            line += f" {device.estimate([spec]).latency_ms:9.4f}"
+        print(line)
 
 
 if __name__ == "__main__":

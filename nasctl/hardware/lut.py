@@ -85,7 +85,7 @@ _INT_COLUMNS = LUT_COLUMNS[1:13]
 REGRESSORS = ("additive", "ridge", "boost", "nearest")
 MIN_ROWS = {"additive": 1, "ridge": 12, "boost": 40, "nearest": 5}  # fewest rows each regressor is fitted on
 REGRESSORS_FILE = "regressors.json"  # boosted trees fitted to the table, beside it
-REGRESSORS_FORMAT = 6  # what save_regressors writes; older files are read with their types taken again
+REGRESSORS_FORMAT = 7  # what save_regressors writes; older files are read with their types taken again
 KERNEL_FLOOR_MS = 1e-4  # the least a kernel is priced at after a negative per-kernel offset (0.1 µs)
 
 
@@ -289,22 +289,26 @@ _FN_IS_THE_OP = frozenset({"act", "pool", "norm", "data", "resize"})
 
 
 def kernel_type(layer: LayerSpec) -> str:
-    """What a regressor is fitted per: the op, convs split into dense, grouped and
-    depthwise (and depthwise convs run channel by channel, `_plain_depthwise`), residual
+    """What a regressor is fitted per: the op, convs split into dense, grouped, depthwise
+    (and depthwise convs run channel by channel, `_plain_depthwise`) and depthwise with a
+    channel multiplier (`conv_mult`, `_depthwise`), residual
     sums a conv accumulates (`add` with fn `sum`) apart from other adds, and the bit widths
     where they are not float32 (quantized kernels are other kernels, and those that run
     dequantized others again)."""
-    return _type_of(layer.op, layer.groups, layer.in_ch, layer.w_bits, layer.a_bits, layer.dequantized, layer.fn)
+    return _type_of(layer.op, layer.groups, layer.in_ch, layer.w_bits, layer.a_bits, layer.dequantized, layer.fn,
+                    layer.out_ch)
 
 
 def kernel_group(layer: LayerSpec) -> str:
     """What a per-kernel offset (`overhead.per_kernel_ms`) is fitted per: the kernel type
     (`kernel_type`), whatever the bit widths."""
-    return _name_of(layer.op, layer.groups, layer.in_ch, layer.w_bits, layer.a_bits, layer.dequantized, layer.fn)
+    return _name_of(layer.op, layer.groups, layer.in_ch, layer.w_bits, layer.a_bits, layer.dequantized, layer.fn,
+                    layer.out_ch)
 
 
-def _type_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequantized: bool, fn: str = "") -> str:
-    name = _name_of(op, groups, in_ch, w_bits, a_bits, dequantized, fn)
+def _type_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequantized: bool, fn: str = "",
+             out_ch: Optional[int] = None) -> str:
+    name = _name_of(op, groups, in_ch, w_bits, a_bits, dequantized, fn, out_ch)
     if (w_bits, a_bits) == (32, 32):
         return name
     return f"{name}_w{w_bits}a{a_bits}" + ("_dq" if dequantized else "")
@@ -315,17 +319,31 @@ def _type_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequant
 DEPTHWISE_ALIGN = 4
 
 
-def _plain_depthwise(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequantized: bool) -> bool:
+def _depthwise(groups: int, in_ch: int, out_ch: Optional[int]) -> bool:
+    """A depthwise conv: one input and one output channel per group.  A grouped conv of one
+    input channel and several outputs per group (a depthwise conv with a channel multiplier:
+    FastViT's and MobileOne's downsampling, Xception-style separable convs) is not one for a
+    runtime: onnxruntime runs it group by group, at a third of the speed per MAC of a
+    depthwise conv of the same input (6 against 12-18 GMAC/s here, `benchmarks/depthwise.py`),
+    a kernel type of its own (`conv_mult`; priced as grouped convs where a table has none).
+    `out_ch` None: taken as the input's (rows of tables saved before the two were told
+    apart)."""
+    return groups > 1 and groups == in_ch and (out_ch is None or out_ch == in_ch)
+
+
+def _plain_depthwise(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequantized: bool,
+                     out_ch: Optional[int] = None) -> bool:
     """A float depthwise conv (a dequantized one too: it runs the float kernel) whose
     channels are not a multiple of DEPTHWISE_ALIGN.  onnxruntime runs it in its plain
     channels-first conv, one im2col and GEMM per channel: a fixed cost per channel (about
     0.3 µs here) besides the work, 3x the time of an aligned one at 28x28 (58 channels: 0.10
     ms, against 0.033 ms for 56 or 60; `benchmarks/depthwise.py`)."""
-    return (op == "conv" and groups > 1 and groups == in_ch and in_ch % DEPTHWISE_ALIGN != 0
+    return (op == "conv" and _depthwise(groups, in_ch, out_ch) and in_ch % DEPTHWISE_ALIGN != 0
             and ((w_bits, a_bits) == (32, 32) or dequantized))
 
 
-def _name_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequantized: bool, fn: str = "") -> str:
+def _name_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequantized: bool, fn: str = "",
+             out_ch: Optional[int] = None) -> str:
     # A grouped conv (1 < groups < channels: ResNeXt, RegNet) is a kernel of its own: a
     # runtime's blocked-layout conv takes it only where each group holds whole vector
     # blocks, else it runs group by group (onnxruntime: 3x the time per MAC of a dense conv
@@ -340,9 +358,11 @@ def _name_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequant
     # after it (`SKIP`) holds a share of the fused kernel: 1.3-2.8 ns per element against
     # 0.2-0.4 for other adds.
     if op == "conv" and groups != 1:
-        if _plain_depthwise(op, groups, in_ch, w_bits, a_bits, dequantized):
+        if _plain_depthwise(op, groups, in_ch, w_bits, a_bits, dequantized, out_ch):
             return "conv_dw_nchw"
-        return "conv_dw" if groups == in_ch else "conv_g"
+        if _depthwise(groups, in_ch, out_ch):
+            return "conv_dw"
+        return "conv_mult" if groups == in_ch else "conv_g"
     if op == "add" and fn == SUM:
         return "add_sum"
     if op == "add" and fn == SKIP:
@@ -354,12 +374,13 @@ def _name_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequant
     return op
 
 
-# Kernel types a table without rows of their own prices from another's: grouped convs from
-# dense ones, channel-by-channel depthwise convs from the others, residual sums from
-# stand-alone adds, plain-kernel 8-bit max pools, strided transposes and reductions from
-# the others (tables made before each was told apart).
-_FALLBACK_TYPES = (("conv_g", "conv"), ("conv_dw_nchw", "conv_dw"), ("add_sum", "add"), ("pool_nchw", "pool"),
-                   ("data_strided", "data"), ("pool_strided", "pool"), ("add_skip", "add"))
+# Kernel types a table without rows of their own prices from another's: channel-multiplier
+# convs from grouped ones, grouped convs from dense ones, channel-by-channel depthwise convs
+# from the others, residual sums from stand-alone adds, plain-kernel 8-bit max pools,
+# strided transposes and reductions from the others (tables made before each was told
+# apart).
+_FALLBACK_TYPES = (("conv_mult", "conv_g"), ("conv_g", "conv"), ("conv_dw_nchw", "conv_dw"), ("add_sum", "add"),
+                   ("pool_nchw", "pool"), ("data_strided", "data"), ("pool_strided", "pool"), ("add_skip", "add"))
 # What such a layer is for a type that does not tell it apart: (op, fn) -> the general fn.
 _GENERAL_FN = {("pool", MAX_NCHW): "max", ("data", STRIDED): "transpose", ("pool", STRIDED): "avg",
                ("add", SKIP): ""}
@@ -372,6 +393,15 @@ def as_general(layer: LayerSpec) -> LayerSpec:
     as it is."""
     fn = _GENERAL_FN.get((layer.op, layer.fn))
     return replace(layer, fn=fn) if fn is not None else layer
+
+
+def _fallback_types(ktype: str) -> list[str]:
+    """The kernel types a table without rows of `ktype` prices it from, nearest first
+    (`conv_mult` -> `conv_g` -> `conv`)."""
+    chain = [ktype]
+    while (general := _fallback_type(chain[-1])) != chain[-1]:
+        chain.append(general)
+    return chain[1:]
 
 
 def _fallback_type(ktype: str) -> str:
@@ -460,7 +490,7 @@ def _calls(layer: LayerSpec, per_channel: bool = True) -> int:
     (`_plain_depthwise`); else one.  A regressor fitted to other kernels (which prices such
     a conv where the table has none) counts one (`_per_channel`)."""
     plain = per_channel and _plain_depthwise(layer.op, layer.groups, layer.in_ch, layer.w_bits, layer.a_bits,
-                                             layer.dequantized)
+                                             layer.dequantized, layer.out_ch)
     return layer.groups if plain else 1
 
 
@@ -695,26 +725,27 @@ def _saved_doc(table: Optional[Path]) -> Optional[dict]:
         digest = hashlib.sha256(Path(table).read_bytes()).hexdigest()
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("format") not in (1, 3, 4, 5, 6) or data.get("table") != digest:
+    if not isinstance(data, dict) or data.get("format") not in (1, 3, 4, 5, 6, 7) or data.get("table") != digest:
         return None
-    if data["format"] < REGRESSORS_FORMAT:  # before grouped (5), channel-by-channel depthwise (6) convs had types
-        data = _retyped(data)
+    if data["format"] < REGRESSORS_FORMAT:  # before grouped (5), channel-by-channel depthwise (6) and
+        data = _retyped(data)               # channel-multiplier (7) convs had types of their own
     return data
 
 
 def _retyped(data: dict) -> dict:
-    """A `regressors.json` of format 5 or older, read as format 6: its kernels' types taken
+    """A `regressors.json` of format 6 or older, read as format 7: its kernels' types taken
     again (grouped convs were among the dense ones before format 5, depthwise convs run
-    channel by channel among the others before 6), and the regressors of the types whose
-    rows changed dropped (fitted again when first needed)."""
+    channel by channel among the others before 6, depthwise convs with a channel multiplier
+    among the depthwise ones before 7), and the regressors of the types whose rows changed
+    dropped (fitted again when first needed)."""
     merged = data.get("merged")
     if not merged:
         return {**data, "types": {k: v for k, v in data.get("types", {}).items() if not k.startswith("conv")}}
     c = merged["columns"]
     dq = c.get(DEQUANTIZED_COLUMN) or [0] * len(c["op"])
     types = [_type_of(*row) for row in zip(c["op"], c["groups"], c["in_ch"], c["w_bits"], c["a_bits"], map(bool, dq),
-                                           c["fn"])]
-    changed = {old for old, new in zip(merged["types"], types) if old != new}
+                                           c["fn"], c["out_ch"])]
+    changed = {t for old, new in zip(merged["types"], types) if old != new for t in (old, new)}  # lost or gained rows
     largest = {k: v for k, v in (data.get("largest") or {}).items() if k not in changed}
     return {**data, "types": {k: v for k, v in data.get("types", {}).items() if k not in changed},
             "largest": largest, "merged": {**merged, "types": types}}
@@ -809,7 +840,7 @@ class LutDevice(CostModel):
             exact[key] = tuple(float(statistics.median(r[t] for r in same)) for t in self.targets)
             row = same[0]
             ktype = _type_of(row["op"], row["groups"], row["in_ch"], row["w_bits"], row["a_bits"],
-                             bool(row.get(DEQUANTIZED_COLUMN, 0)), row["fn"])
+                             bool(row.get(DEQUANTIZED_COLUMN, 0)), row["fn"], row["out_ch"])
             by_type.setdefault(ktype, []).append({**row, **dict(zip(self.targets, exact[key]))})
         return exact, by_type
 
@@ -934,7 +965,7 @@ class LutDevice(CostModel):
             # A grouped conv of a table without grouped ones is priced from its dense convs.
             variants = [layer, replace(layer, dequantized=False), replace(layer, w_bits=32, a_bits=32, dequantized=False)]
             candidates = [(c, kernel_type(c)) for c in variants]
-            candidates += [(as_general(c), _fallback_type(t)) for c, t in candidates if _fallback_type(t) != t]
+            candidates += [(as_general(c), f) for c, t in candidates for f in _fallback_types(t)]
             known = [(c, t) for c, t in candidates if t in self._rows]
             if not known:
                 self._cache[key] = None

@@ -177,7 +177,7 @@ def test_fitted_regressors_are_saved_beside_the_table_and_reused_only_for_it(tmp
     assert loaded.estimate(unseen).latency_ms == pytest.approx(fitted.latency_ms, rel=1e-9)
     # the table's distinct kernels come from the saved file too (faster than the CSV), as the CSV gives them
     from_csv = device(read_lut(tmp_path / "lut.csv"), **spec)
-    assert saved["format"] == 6 and loaded._exact == from_csv._exact
+    assert saved["format"] == 7 and loaded._exact == from_csv._exact
     assert sorted(loaded._rows) == sorted(from_csv._rows)
     assert all(loaded._rows[k] == from_csv._rows[k] for k in from_csv._rows)
     # so is the largest kernel of each type (what decides whether a type covers a layer)
@@ -628,7 +628,7 @@ def test_regressors_saved_before_channel_by_channel_depthwise_convs_had_a_type_a
     table = rows + depthwise_rows((16, 32, 64), (7, 14, 28), blocked) + depthwise_rows((18, 58), (7, 14), per_channel)
     write_device(tmp_path, FittedDevice("t", spec, table))
     doc = json.loads((tmp_path / "regressors.json").read_text())
-    assert doc["format"] == 6 and "conv_dw_nchw" in doc["types"]
+    assert doc["format"] == 7 and "conv_dw_nchw" in doc["types"]
     fresh = device(read_lut(tmp_path / "lut.csv"), **spec)
     layers = [conv(58, 58, 28, groups=58, fn=""), conv(48, 48, 20, groups=48, fn=""), conv(48, 96, 24)]
     saved = LutDevice.from_dict({"name": "t", **spec}, tmp_path)  # its regressors restored, a call per channel
@@ -642,11 +642,67 @@ def test_regressors_saved_before_channel_by_channel_depthwise_convs_had_a_type_a
     assert "conv_dw" not in old._saved and "conv" in old._saved  # conv_dw lost rows: fitted again
     assert old.estimate(layers).latency_ms == pytest.approx(fresh.estimate(layers).latency_ms, rel=1e-9)
     # ... once: the file was written again as this version writes it, so the next start fits nothing
-    assert json.loads((tmp_path / "regressors.json").read_text())["format"] == 6
+    assert json.loads((tmp_path / "regressors.json").read_text())["format"] == 7
     again = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
     assert {"conv_dw", "conv_dw_nchw", "conv"} <= set(again._saved)
     assert again.estimate(layers).latency_ms == pytest.approx(fresh.estimate(layers).latency_ms, rel=1e-9)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def multiplier_rows(rng, n=30):
+    """Depthwise convs with a channel multiplier of 2 or 4 (one input channel a group) at 3x
+    an aligned depthwise conv's time per MAC (`blocked`), as onnxruntime runs them."""
+    rows = []
+    for _ in range(n):
+        c = int(rng.choice([16, 32, 48]))
+        layer = conv(c, c * int(rng.choice([2, 4])), int(rng.choice([8, 16, 32])), k=int(rng.choice([3, 5, 7])),
+                     stride=int(rng.choice([1, 2])), groups=c, fn="")
+        rows.append(row_from_layer(layer, (1e-3 + 15e-8 * layer.macs) * rng.uniform(0.97, 1.03)))
+    return rows
+
+
+def test_a_depthwise_conv_with_a_channel_multiplier_is_priced_as_a_grouped_conv_not_a_depthwise_one(tmp_path, rows):
+    """onnxruntime runs a depthwise conv whose groups have several output channels (FastViT's
+    downsampling: 48 -> 96 channels in 48 groups) group by group, at a third of a depthwise
+    conv's speed per MAC: a kernel type of its own (`conv_mult`), priced from its own rows,
+    else from the grouped convs' rows, else from the dense convs'.  Regressors saved before
+    it was told apart (format 6), whose depthwise rows held such convs, are fitted again."""
+    import json
+
+    from nasctl.hardware.fit import FittedDevice, write_device
+    from nasctl.hardware.lut import kernel_type
+
+    mult = conv(48, 96, 32, k=7, stride=2, groups=48, fn="")
+    assert kernel_type(mult) == "conv_mult" and kernel_type(conv(48, 96, 32, k=7, groups=48, fn="", bits=8)) == \
+        "conv_mult_w8a8"
+    assert kernel_type(conv(48, 48, 32, k=7, groups=48, fn="")) == "conv_dw"
+    assert kernel_type(conv(18, 36, 32, groups=18, fn="")) == "conv_mult"  # not run channel by channel either
+    assert kernel_type(conv(48, 96, 32, groups=24, fn="")) == "conv_g"
+    spec = {"kind": "lut", "lut": "lut.csv", "regressors": {"conv": "boost", "conv_dw": "nearest", "conv_g": "ridge"}}
+    table = rows + depthwise_rows((16, 32, 64), (8, 16, 32), blocked, kernels=(3, 5, 7)) + \
+        slow_grouped_rows(np.random.default_rng(1)) + multiplier_rows(np.random.default_rng(3))
+    write_device(tmp_path, FittedDevice("t", spec, table))
+    fresh = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
+    truth = 1e-3 + 15e-8 * mult.macs
+    assert fresh.estimate([mult]).latency_ms == pytest.approx(truth, rel=0.2)
+    assert fresh.estimate([mult]).latency_ms > 2 * blocked(mult)  # a depthwise conv's price is a third of it
+    grouped = conv(48, 48, 16, groups=6)  # the grouped convs are priced from their own rows alone
+    assert fresh.estimate([grouped]).latency_ms == pytest.approx(
+        device(rows + slow_grouped_rows(np.random.default_rng(1)), **spec).estimate([grouped]).latency_ms)
+    # a table without multiplier convs prices them as grouped convs; without those, as dense convs
+    without = device(rows + slow_grouped_rows(np.random.default_rng(1)), **spec).estimate([mult]).costs[0]
+    assert "regressor" in without.mapping and without.latency_ms > 0
+    assert device(rows, **spec).estimate([mult]).costs[0].latency_ms > 0
+    # as format 6 wrote it: the multiplier convs among the depthwise ones
+    doc = json.loads((tmp_path / "regressors.json").read_text())
+    c = doc["merged"]["columns"]
+    doc["merged"]["types"] = ["conv_dw" if g == i and g > 1 else t for t, g, i in
+                              zip(doc["merged"]["types"], c["groups"], c["in_ch"])]
+    doc["format"] = 6
+    (tmp_path / "regressors.json").write_text(json.dumps(doc))
+    old = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
+    assert "conv_dw" not in old._saved and {"conv_g", "conv"} <= set(old._saved)
+    assert old.estimate([mult]).latency_ms == pytest.approx(fresh.estimate([mult]).latency_ms, rel=1e-9)
 
 
 def test_a_device_whose_regressors_file_cannot_be_written_again_still_prices(tmp_path, rows, monkeypatch):
