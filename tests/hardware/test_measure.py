@@ -271,7 +271,7 @@ def test_a_full_profile_draws_every_tenth_context_network_large_and_a_quick_one_
     import nasctl.hardware.measure.profile as profile
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_ERF
+    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_MULTIPLIER
     nets = profile.context_networks(600, seed=7)
 
     def macs(model) -> int:
@@ -914,3 +914,41 @@ def test_int8_transformers_write_some_gelus_as_torch_exports_them_and_onnxruntim
     for i in (0, 1, 2, 3):
         assert profile.context_network(7, i, profile.SEEDING_ERF)[0].SerializeToString() == \
             profile.context_network(7, i, profile.SEEDING_HEADED)[0].SerializeToString()
+
+
+def test_a_full_profile_draws_every_tenth_network_of_depthwise_convs_with_a_channel_multiplier(tmp_path,
+                                                                                                monkeypatch):
+    """onnxruntime runs a depthwise conv with a channel multiplier (FastViT's downsampling,
+    48 -> 96 channels in 48 groups) group by group, at a third of a depthwise conv's speed
+    per MAC; random networks hold none.  A full profile draws every tenth network
+    (SEEDING_MULTIPLIER, at MULTIPLIER_AT) with such convs, a kernel type of their own
+    (`conv_mult`), at several multipliers, kernels and strides, float and int8; the other
+    networks, and every network of a profile drawn before, are as they were drawn."""
+    import nasctl.hardware.measure.profile as profile
+    from nasctl.hardware.lut import kernel_type
+    from nasctl.hardware.measure.context import multiplier_network
+
+    monkeypatch.setattr(profile, "LARGE_FROM", 100)
+    assert profile.seeding_for(100) == profile.SEEDING_MULTIPLIER
+    nets = profile.context_networks(500, seed=7)
+    drawn = [i for i in range(len(nets)) if profile.is_multiplier(i, profile.SEEDING_MULTIPLIER)]
+    assert drawn and all(i % 10 == profile.MULTIPLIER_AT for i in drawn)
+    assert not any(profile.is_multiplier(i, profile.SEEDING_ERF) for i in range(len(nets)))
+    for i in drawn:
+        model, description = nets[i]
+        assert description.startswith(("multiplier ", "int8 multiplier ", "int8 per-channel multiplier "))
+        assert profile.context_network(7, i, profile.SEEDING_MULTIPLIER)[0].SerializeToString() == \
+            model.SerializeToString()
+    convs = []
+    for k in range(12):
+        onnx.save(multiplier_network(np.random.default_rng([7, k]))[0], str(tmp_path / "net.onnx"))
+        convs += [layer for layer in import_onnx(tmp_path / "net.onnx").layers
+                  if layer.op == "conv" and layer.groups == layer.in_ch > 1 and layer.out_ch != layer.in_ch]
+    assert len(convs) >= 10 and {kernel_type(layer).split("_w")[0] for layer in convs} == {"conv_mult"}
+    assert any(layer.w_bits == 8 for layer in convs) and any(layer.w_bits == 32 for layer in convs)
+    assert len({layer.out_ch // layer.in_ch for layer in convs}) >= 2 and {layer.stride for layer in convs} == {1, 2}
+    assert len({layer.kernel for layer in convs}) >= 2
+    for i in (0, 1, 3, 12, drawn[0]):  # the other networks, and a profile drawn before: as they were drawn
+        before = profile.context_network(7, i, profile.SEEDING_ERF)[0].SerializeToString()
+        assert (profile.context_network(7, i, profile.SEEDING_MULTIPLIER)[0].SerializeToString() == before) == \
+            (i not in drawn)

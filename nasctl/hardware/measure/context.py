@@ -14,7 +14,9 @@ stages of hierarchical transformers),
 and the blocks of conv-attention hybrids whose transposes and reductions run without
 contiguous blocks (`strided_network`: MobileViT's patch unfolding, ConvNeXt-V2's GRN,
 EdgeNeXt's L2-normalised transposed attention, layer norms over the channels axis), and
-conv nets whose linear heads hold most of their 2-40 MB of weights (`headed_network`) -
+conv nets whose linear heads hold most of their 2-40 MB of weights (`headed_network`), and
+conv nets of depthwise convs with a channel multiplier (`multiplier_network`: FastViT,
+MobileOne, Xception) -
 over inputs of 32-224 px, 3-1024 channels, kernels 1-9 (and patch embeddings), strides
 1-2, dense, grouped and depthwise convs, float32 and int8 (conv nets and transformers
 quantized by onnxruntime's static quantizer, QDQ, weights per tensor or per channel, as
@@ -375,6 +377,19 @@ class _Blocks:
         short = x if stride == 1 and self.ch(x) == cout else b.conv(x, cout, 1, stride)
         return b.act(b.add(y, short), act or "relu")
 
+    def separable(self, x, cout, stride, act):
+        """A depthwise conv with a channel multiplier (each input channel to 2-4 outputs; 3x3
+        to 7x7), optionally a depthwise conv of its output, then a 1x1 conv: FastViT's and
+        MobileOne's downsampling, Xception-style separable convs with a depth multiplier.
+        onnxruntime runs such a conv group by group, a kernel type of its own (`lut._depthwise`)."""
+        b, rng = self.b, self.rng
+        cin = self.ch(x)
+        y = b.conv(x, cin * _pick(rng, (2, 2, 3, 4)), _pick(rng, (3, 5, 7, 7)), stride, groups=cin, act=act)
+        if rng.random() < 0.4:
+            y = b.conv(y, self.ch(y), 3, groups=self.ch(y), act=act)
+        y = b.conv(y, cout, 1, act=act if rng.random() < 0.5 else "")
+        return b.add(x, y) if stride == 1 and cin == cout else y
+
     def mixconv(self, x, cout, stride, act):
         """An inverted residual whose depthwise conv is split into channel groups with
         kernels 3, 5, 7 (9), concatenated (MixNet)."""
@@ -671,6 +686,20 @@ def odd_width_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs:
     return model, f"odd-width {description}"
 
 
+def multiplier_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: float = 1e6):
+    """A conv net whose stages are mostly `separable` blocks: depthwise convs with a channel
+    multiplier (FastViT, MobileOne, Xception), which onnxruntime runs group by group, one
+    input channel a group (`lut.kernel_type` `conv_mult`); the other context networks hold
+    none.  A third of them int8."""
+    budget = float(np.exp(rng.uniform(np.log(min_macs), np.log(max_macs))))
+    int8 = bool(rng.random() < 1 / 3)
+    model, description = _cnn_net(rng, _pick(rng, SIZES), budget, int8=int8,
+                                  kinds=("separable", "separable", "separable", "separable", "mbconv", "basic"))
+    if int8:
+        return _int8(model, f"multiplier {description}", rng, per_channel=bool(rng.random() < 0.5))
+    return model, f"multiplier {description}"
+
+
 HEADED_WEIGHTS = (2e6, 4e7)  # the weight bytes a headed network is drawn to hold (log-uniform)
 
 
@@ -740,15 +769,16 @@ def _stages(blocks: _Blocks, x: str, act: str, next_kind, width_of, repeats: int
 
 
 def _cnn_net(rng, size, budget, int8: bool = False, channels: int = 3, widths=(16, 24, 32, 48, 64), width=_width,
-             head: Optional[Callable[[NetBuilder, str], str]] = None):
+             head: Optional[Callable[[NetBuilder, str], str]] = None, kinds: Optional[Sequence[str]] = None):
     """A conv net; with `int8`, one to be quantized: its activations are those static
     quantization folds into a kernel's output range (others would run apart, in float
     between quantization pairs, inside one kernel's tag).  `width(rng, near)` draws its
-    channel counts; `head(builder, features)` writes its head (a classifier by default)."""
+    channel counts; `head(builder, features)` writes its head (a classifier by default);
+    `kinds`: the blocks its stages are drawn from (by default all but `separable`)."""
     b = NetBuilder(rng, (1, channels, size, size))
     blocks = _Blocks(b, rng, budget)
-    kinds = ("plain", "basic", "bottleneck", "mbconv", "fire", "dense", "shuffle", "grouped", "mixconv",
-             "ghost") + (() if int8 else ("mixer_conv", "convnext"))
+    kinds = tuple(kinds) if kinds else ("plain", "basic", "bottleneck", "mbconv", "fire", "dense", "shuffle",
+                                        "grouped", "mixconv", "ghost") + (() if int8 else ("mixer_conv", "convnext"))
     kind = _pick(rng, kinds)
     act = _pick(rng, ("relu", "relu6", "") if int8 else CONV_ACTS[:-2])
     width_of, width = width, width(rng, _pick(rng, widths))

@@ -23,7 +23,8 @@ import numpy as np
 from ..fit import MEASUREMENTS_FILE
 from .attribution import (FLOOR_MS, MeasuredNetwork, in_context_costs, measure_networks, measured_network,
                           prepare_networks, tagged_by_kernel)
-from .context import OPSET, TAG, headed_network, odd_width_network, random_network, strided_network
+from .context import (OPSET, TAG, headed_network, multiplier_network, odd_width_network, random_network,
+                      strided_network)
 from .runner import Protocol, measure_chunks
 from .timing import measure_models
 
@@ -54,26 +55,30 @@ def reference_networks(n: int = 3) -> list:
 # on is one, since strided-op networks were (SEEDING_STRIDED), every ODD_EVERY-th from
 # STRIDED_AT, and since headed networks were (SEEDING_HEADED), every ODD_EVERY-th from
 # HEADED_AT, and since int8 transformers write GELU as torch exports it (SEEDING_ERF), half
-# of them do so (`context.random_network`'s erf_gelu); profiles drawn before build their
-# networks as they were drawn.
+# of them do so (`context.random_network`'s erf_gelu), and since networks of depthwise convs
+# with a channel multiplier were added (SEEDING_MULTIPLIER), every ODD_EVERY-th from
+# MULTIPLIER_AT is one; profiles drawn before build their networks as they were drawn.
 SEEDING_PLAIN, SEEDING_LARGE = "per network", "per network, large every 10th"
 SEEDING_ODD = "per network, large every 10th, odd widths every 10th"
 SEEDING_STRIDED = "per network, large every 10th, odd widths every 10th, strided ops every 10th"
 SEEDING_HEADED = "per network, large every 10th, odd widths every 10th, strided ops every 10th, headed every 10th"
 SEEDING_ERF = SEEDING_HEADED + ", int8 erf gelus"
+SEEDING_MULTIPLIER = SEEDING_ERF + ", channel multipliers every 10th"
 # profiles whose context networks can be built again
-SEEDINGS = (SEEDING_PLAIN, SEEDING_LARGE, SEEDING_ODD, SEEDING_STRIDED, SEEDING_HEADED, SEEDING_ERF)
+SEEDINGS = (SEEDING_PLAIN, SEEDING_LARGE, SEEDING_ODD, SEEDING_STRIDED, SEEDING_HEADED, SEEDING_ERF,
+            SEEDING_MULTIPLIER)
 LARGE_EVERY, LARGE_FROM = 10, 5000
-ODD_EVERY, ODD_AT, STRIDED_AT, HEADED_AT = 10, 4, 7, 1
+ODD_EVERY, ODD_AT, STRIDED_AT, HEADED_AT, MULTIPLIER_AT = 10, 4, 7, 1, 2
 LARGE_MACS = (1e8, 1e9)
 LARGE_PREFIX = "large "  # a large network's description starts so
 
 
 def seeding_for(kernels: int) -> str:
     """How the context networks of a profile of `kernels` kernels are drawn: with large
-    networks (`is_large`), odd-width ones (`is_odd_width`), strided-op ones (`is_strided`)
-    and headed ones (`is_headed`) from LARGE_FROM kernels on (a quick profile stays quick)."""
-    return SEEDING_ERF if kernels >= LARGE_FROM else SEEDING_PLAIN
+    networks (`is_large`), odd-width ones (`is_odd_width`), strided-op ones (`is_strided`),
+    headed ones (`is_headed`) and channel-multiplier ones (`is_multiplier`) from LARGE_FROM
+    kernels on (a quick profile stays quick)."""
+    return SEEDING_MULTIPLIER if kernels >= LARGE_FROM else SEEDING_PLAIN
 
 
 def _since(seeding: str, first: str) -> bool:
@@ -109,6 +114,12 @@ def is_headed(index: int, seeding: str) -> bool:
     return _since(seeding, SEEDING_HEADED) and index % ODD_EVERY == HEADED_AT
 
 
+def is_multiplier(index: int, seeding: str) -> bool:
+    """Whether context network `index` is one of depthwise convs with a channel multiplier
+    (`context.multiplier_network`), which onnxruntime runs group by group."""
+    return _since(seeding, SEEDING_MULTIPLIER) and index % ODD_EVERY == MULTIPLIER_AT
+
+
 def context_network(seed: int, index: int, seeding: str):
     """The context network `index` of the profile of `seed` drawn by `seeding` (an onnx
     model and a description)."""
@@ -123,6 +134,8 @@ def context_network(seed: int, index: int, seeding: str):
         return strided_network(rng)
     if is_headed(index, seeding):
         return headed_network(rng)
+    if is_multiplier(index, seeding):
+        return multiplier_network(rng)
     return random_network(rng, erf_gelu=erf)
 
 
