@@ -32,7 +32,10 @@ What runtimes fuse is fused here too:
     Sqrt/Div(/Mul/Add).
   - Nodes that compute only on constants (weights, shapes) cost nothing: runtimes fold
     them when they load the model.  QuantizeLinear/DequantizeLinear cost nothing either:
-    they set the bit widths of the layers they feed.
+    they set the bit widths of the layers they feed.  But onnxruntime folds no
+    DequantizeLinear, so a node computed from a dequantized constant that its optimized
+    graph still runs (an int8 LeViT's attention biases, gathered from their table) is
+    priced as a layer (`_constants`).
   - A quantized (QDQ) layer that onnxruntime does not fuse into an integer kernel is marked
     `dequantized`: read from the graph onnxruntime optimizes the model into, where it can
     load it, else from the graph's structure as its QDQ selectors read it.  A max pool or
@@ -67,7 +70,8 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..errors import UsageError
-from .layers import MAX_NCHW, SKIP, STRIDED, SUM, LayerSpec, chw, reduction_is_strided, transpose_is_strided
+from .layers import (MAX_NCHW, SKIP, STRIDED, SUM, WHOLE_BLOCK, LayerSpec, chw, reduction_is_strided,
+                     transpose_is_strided)
 
 Shape = tuple[int, ...]
 
@@ -512,6 +516,17 @@ def _transpose(node: Node, g: Graph) -> list[LayerSpec]:
     return [g.layer("data", node, x, node.outputs[0], fn=STRIDED if strided else "transpose")]
 
 
+def _gather(node: Node, g: Graph) -> list[LayerSpec]:
+    """A data movement; fn `STRIDED` where each index copies fewer than WHOLE_BLOCK elements
+    (the data's dims after the axis; onnxruntime copies them piece by piece), else "gather":
+    LeViT's int8 attention biases, 4 x 196 -> 4 x 196 x 196 along the last axis, take
+    0.25 ms a gather where their table is dequantized at every inference."""
+    shape = g.shape(node.inputs[0])
+    axis = int(node.attrs.get("axis", 0)) % max(len(shape), 1)
+    strided = prod(shape[axis + 1:]) < WHOLE_BLOCK
+    return [g.layer("data", node, g.activation(node), node.outputs[0], fn=STRIDED if strided else "gather")]
+
+
 def _resize(node: Node, g: Graph) -> list[LayerSpec]:
     x = node.inputs[0]
     return [g.layer("resize", node, x, node.outputs[0], spatial=len(g.shape(x)) in (3, 4),
@@ -554,7 +569,8 @@ HANDLERS: dict[str, Handler] = {
     "ReduceMax": _reduce("max"), "ReduceMin": _reduce("max"),
     "Resize": _resize, "Upsample": _resize, "Softmax": _unary("softmax"),
     **{op: _unary("data", op.lower()) for op in
-       ("Gather", "Slice", "Pad", "Expand", "Tile", "Cast", "DepthToSpace", "SpaceToDepth")},
+       ("Slice", "Pad", "Expand", "Tile", "Cast", "DepthToSpace", "SpaceToDepth")},
+    "Gather": _gather,
     "Transpose": _transpose,
     # Views and quantization glue; Shape, Size and Constant compute on what is known at
     # load time and never reach a handler.
@@ -1311,13 +1327,26 @@ def _nodes(model: onnx.ModelProto) -> list[Node]:
             for i, (n, depth) in enumerate(_flat(model.graph))]
 
 
-def _constants(model: onnx.ModelProto, nodes: list[Node]) -> set[str]:
+def _constants(model: onnx.ModelProto, nodes: list[Node], runs: Optional[frozenset] = None) -> set[str]:
     """Tensors known when the model is loaded: weights, constants, shapes, and what is
-    computed from them alone."""
+    computed from them alone.
+
+    onnxruntime folds no DequantizeLinear (it keeps them for the QDQ groups it fuses), so a
+    node computed from a dequantized constant - LeViT's int8 attention biases gathered from
+    their table - may run at every inference: with `runs`, the (name, op type) of the nodes
+    onnxruntime's optimized graph runs (`InRuntime.float_nodes`), such a node found there
+    is not a constant (nor what is computed from it)."""
     const = {i.name for g in _graphs(model) for i in g.initializer}
+    dequantized: set[str] = set()  # constants computed from a dequantized constant
     for node in nodes:
         if node.op_type in ("Shape", "Size") or all(not i or i in const for i in node.inputs):
+            from_dq = node.op_type == "DequantizeLinear" or any(i in dequantized for i in node.inputs)
+            if from_dq and runs is not None and node.op_type not in _NEVER_FOLDED and \
+                    (node.name, node.op_type) in runs:
+                continue  # run at every inference
             const.update(node.outputs)
+            if from_dq:
+                dequantized.update(node.outputs)
     return const
 
 
@@ -1351,7 +1380,8 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     _run_for_shapes(model, notes)
     table = HANDLERS if handlers is None else handlers
     nodes = _nodes(model)
-    const = _constants(model, nodes)
+    ran = runtime.result() if runtime is not None else None
+    const = _constants(model, nodes, ran.float_nodes if ran is not None else None)
     outputs = _graph_outputs(model)
     g = Graph(model, _fuse_patterns(nodes, const, PATTERNS if patterns is None else patterns, outputs), const)
     unsupported: Counter = Counter()
@@ -1390,8 +1420,8 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     written: dict[int, list[str]] = {}  # layer -> the tensors it produces
     for name, i in g.layer_of.items():
         written.setdefault(i, []).append(name)
-    ran = runtime.result() if runtime is not None and any(n.op_type == "DequantizeLinear" for n in g.nodes) \
-        else None
+    if not any(n.op_type == "DequantizeLinear" for n in g.nodes):
+        ran = None
     for i, node in enumerate(made_by):
         layer = g.layers[i]
         if not _quantized_kernel(layer):

@@ -789,3 +789,36 @@ def test_reductions_are_labelled_by_whether_onnxruntime_has_a_fast_path(tmp_path
     nodes = [node(op, ["x", "axes"], ["y"], keepdims=keep)]
     layer = only(layers_of(tmp_path, nodes, {"x": shape}, ["y"], [const("axes", axes, np.int64)], opset=18))
     assert layer.op == "pool" and (layer.fn == "strided") == strided, (op, shape, axes, out)
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_a_gather_from_a_dequantized_table_runs_at_every_inference_and_is_priced(tmp_path, quantized):
+    """LeViT's attention biases, a 4 x 49 table gathered along its last axis by 49 x 49
+    indices: onnxruntime folds the gather where the table is a float weight, and runs it at
+    every inference where the table is dequantized from int8 (it folds no DequantizeLinear);
+    each index copies one element (fn `strided`), not a block."""
+    from nasctl.hardware.layers import STRIDED
+
+    idx = numpy_helper.from_array(RNG.integers(0, 49, (49, 49)).astype(np.int64), "idx")
+    scale, zero = const("s", 0.1), numpy_helper.from_array(np.array(0, np.int8), "zp")
+    if quantized:
+        table = [numpy_helper.from_array(RNG.integers(-100, 100, (4, 49)).astype(np.int8), "tq"), scale, zero]
+        nodes = [node("DequantizeLinear", ["tq", "s", "zp"], ["table"])]
+    else:
+        table, nodes = [weight("table", 4, 49)], []
+    nodes += [node("Gather", ["table", "idx"], ["bias"], axis=1), node("Add", ["x", "bias"], ["y"])]
+    layers = layers_of(tmp_path, nodes, {"x": [1, 4, 49, 49]}, ["y"], [idx, *table])
+    gathers = [layer for layer in layers if layer.op == "data"]
+    assert [layer.op for layer in layers if layer.op != "data"] == ["add"]
+    if quantized:
+        assert [(g.fn, g.out_elems) for g in gathers] == [(STRIDED, 4 * 49 * 49)]
+    else:
+        assert gathers == []
+
+
+def test_a_gather_of_whole_rows_is_not_strided(tmp_path):
+    """An embedding lookup copies a row of the table per index: a block, not elements."""
+    inits = [weight("emb", 100, 64)]
+    layer = only(layers_of(tmp_path, [node("Gather", ["emb", "ids"], ["y"], axis=0)],
+                           {"ids": ([1, 16], T.INT64)}, ["y"], inits))
+    assert (layer.op, layer.fn) == ("data", "gather")
