@@ -105,7 +105,8 @@ def main() -> None:
             cmd = [str(python), str(bundle / "runner.py"), "--rounds", str(args.rounds)]
             print("$ " + " ".join(cmd), flush=True)
             subprocess.run(cmd, check=True)
-            return nasctl(ws, "hw", "fit", "--device", "from-bundle", "--bundle-results", bundle / "results.csv")
+            return nasctl(ws, "hw", "fit", "--device", "from-bundle", "--bundle-results", bundle / "results.csv",
+                          "--overwrite")
 
         steps = [("profile", lambda: profile("profiled")), ("runner + fit", run_bundle)]
         for what, step in (steps if args.profile_first else steps[::-1]):

@@ -189,6 +189,8 @@ def fit(
         help="Results CSV of a profiling bundle's runner (alone).", show_default=False)] = None,
     prior: Annotated[Optional[str], typer.Option(
         help="Comma-separated devices whose kernel costs are the prior (with --models).", show_default=False)] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a device of this name in the workspace.")]
+    = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ):
     from ..hardware.fit import fit_from_lut, fit_from_models, read_models_csv, write_device
@@ -214,6 +216,9 @@ def fit(
         raise UsageError(f"--device '{device}' is also a prior device; the fitted device needs a name of its own")
     priors = [_device(n) for n in names] if prior is not None else None
     folder = workspace.new_entry("hardware", device, "device")
+    if (folder / "spec.yaml").exists() and not overwrite:
+        raise UsageError(f"device '{device}' already exists in {folder}; pass --overwrite to replace it, or choose "
+                         "another --device name")
     measured = None
     if bundle_results is not None:
         from ..hardware.measure.bundle import fit_bundle_results

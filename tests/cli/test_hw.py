@@ -48,6 +48,22 @@ def test_fit_from_a_table_writes_a_usable_device(ws, tmp_path):
     assert "phone" in [e["name"] for e in json.loads(invoke("--workspace", ws, "hw", "list", "--json").stdout)]
 
 
+def test_fit_refuses_to_replace_a_device_of_the_same_name_unless_told(ws, tmp_path):
+    """A fitted device is work (a profile takes a quarter of an hour): fitting another one
+    under its name is a one-line error that leaves it as it was, until --overwrite."""
+    fit = ("--workspace", ws, "hw", "fit", "--device", "phone", "--lut")
+    assert invoke(*fit, lut_csv(tmp_path / "k.csv")).exit_code == 0
+    folder = ws / "hardware" / "phone"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    other = tmp_path / "other.csv"
+    other.write_text((tmp_path / "k.csv").read_text().replace(",relu,", ",,"))  # convs without the ReLU
+    one_line_error(invoke(*fit, other), 2, "device 'phone' already exists")
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    result = invoke(*fit, other, "--overwrite", "--json")
+    assert result.exit_code == 0, result.output
+    assert (folder / "lut.csv").read_bytes() != before["lut.csv"]
+
+
 def test_a_fitted_device_prices_models_with_predict(ws, tmp_path):
     invoke("--workspace", ws, "hw", "fit", "--device", "phone", "--lut", lut_csv(tmp_path / "k.csv"))
     result = invoke("--workspace", ws, "predict", tiny_model(tmp_path / "m.onnx", 16), "--device", "phone", "--json")
