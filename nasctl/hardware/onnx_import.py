@@ -22,6 +22,8 @@ What runtimes fuse is fused here too:
   - batch norm after a conv (or linear) is folded into it, and so is a bias `Add`; either
     gives the layer a bias (`LayerSpec.bias`), as does a Conv's bias input or a Gemm's
     constant C.  A MatMul has no bias of its own: only a constant Add folded into it;
+  - a Mul of a float conv's output by a constant scalar or one constant per channel (a
+    layer scale) is folded into the conv, as onnxruntime folds it into the weights;
   - an activation right after a conv or linear becomes its `fn` (no layer of its own);
   - a float Mul (or Div) by a constant scalar on the output or an input of a product of two
     activations (attention scores scaled by 1/sqrt(d)) is folded into the product, as
@@ -209,6 +211,27 @@ class Graph:
         readers = self.consumers.get(y, ())
         return len(readers) == 1 and readers[0].op_type == "MatMul" and y not in self.outputs and \
             not any(self.is_const(n) for n in readers[0].inputs)
+
+    def scales_conv(self, node: Node, x: str) -> bool:
+        """Whether `node` (a Mul) multiplies the output of a float conv that nothing else
+        reads by a constant scalar or one constant per output channel, C x 1 x 1 or 1 x C x
+        1 x 1 (a layer scale: ConvNeXt's, FastViT's): onnxruntime folds it into the conv's
+        weights (its ConvMulFusion), as a batch norm is folded.  It is then folded here."""
+        other = [n for n in node.inputs if n != x]
+        if node.op_type != "Mul" or len(other) != 1 or not self.is_const(other[0]):
+            return False
+        i = self._fusable_layer(x)
+        if i is None or self.layers[i].op != "conv" or (self.layers[i].w_bits, self.layers[i].a_bits) != (32, 32):
+            return False
+        try:
+            scale, out = self.shape(other[0]), self.shape(x)
+        except UnknownShape:
+            return False
+        rank, channels = len(out), out[1] if len(out) > 1 else 0
+        per_channel = (scale == () or
+                       (len(scale) == rank - 1 and scale[0] == channels and prod(scale[1:]) == 1) or
+                       (len(scale) == rank and scale[:2] == (1, channels) and prod(scale[2:]) == 1))
+        return per_channel and self.fuse(node, x)
 
     def residual_sum(self, node: Node) -> bool:
         """Whether an Add is a conv's residual sum (`layers.SUM`): two float tensors of its
@@ -440,12 +463,13 @@ def _activation(fn: str) -> Handler:
 def _binary(op: str, fn: str = "", bias: bool = False, scale: bool = False) -> Handler:
     """Element-wise binary op; with `bias`, a constant operand after a conv or linear
     is folded into it; with `scale`, a constant scalar scaling a product of two
-    activations (`Graph.scales_product`) is folded into the product."""
+    activations (`Graph.scales_product`) is folded into the product, and a constant
+    scale per channel of a conv's output into the conv (`Graph.scales_conv`)."""
     def handle(node: Node, g: Graph) -> list[LayerSpec]:
         x = g.activation(node)
         if bias and any(g.is_const(n) for n in node.inputs) and g.fuse(node, x, bias=True):
             return []
-        if scale and g.scales_product(node, x):
+        if scale and (g.scales_product(node, x) or g.scales_conv(node, x)):
             return []
         kind = fn
         if node.op_type == "Add":

@@ -822,3 +822,33 @@ def test_a_gather_of_whole_rows_is_not_strided(tmp_path):
     layer = only(layers_of(tmp_path, [node("Gather", ["emb", "ids"], ["y"], axis=0)],
                            {"ids": ([1, 16], T.INT64)}, ["y"], inits))
     assert (layer.op, layer.fn) == ("data", "gather")
+
+
+@pytest.mark.parametrize("scale_shape, folded", [
+    ((), True), ((8, 1, 1), True), ((1, 8, 1, 1), True),  # a scalar or one per channel: ConvMulFusion
+    ((1,), False), ((1, 1, 1), False), ((1, 8, 4, 4), False),  # shapes onnxruntime leaves as a Mul
+])
+def test_a_layer_scale_after_a_conv_is_folded_where_onnxruntime_folds_it(tmp_path, scale_shape, folded):
+    """ConvNeXt's and FastViT's layer scales, conv output x gamma (C x 1 x 1): onnxruntime
+    folds a constant scalar or per-channel Mul into the conv's weights, and runs any other
+    shape as a Mul (checked against its optimized graph)."""
+    import onnxruntime as ort
+
+    inits = [weight("w", 8, 3, 3, 3), numpy_helper.from_array(np.ones(scale_shape, np.float32), "g")]
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("Mul", ["c", "g"], ["y"])]
+    path = save(tmp_path / "m.onnx", nodes, {"x": [1, 3, 4, 4]}, ["y"], inits)
+    layers = import_onnx(path).layers
+    assert [layer.op for layer in layers] == (["conv"] if folded else ["conv", "mul"])
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    assert ("Mul" in {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}) == (not folded)
+
+
+def test_a_layer_scale_is_not_folded_into_a_conv_whose_output_is_read_elsewhere(tmp_path):
+    inits = [weight("w", 8, 3, 3, 3), numpy_helper.from_array(np.ones((8, 1, 1), np.float32), "g")]
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("Mul", ["c", "g"], ["m"]),
+             node("Add", ["m", "c"], ["y"])]
+    layers = layers_of(tmp_path, nodes, {"x": [1, 3, 4, 4]}, ["y"], inits)
+    assert [layer.op for layer in layers] == ["conv", "mul", "add"]
