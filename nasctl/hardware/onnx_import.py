@@ -546,8 +546,11 @@ def _gather(node: Node, g: Graph) -> list[LayerSpec]:
     LeViT's int8 attention biases, 4 x 196 -> 4 x 196 x 196 along the last axis, take
     0.25 ms a gather where their table is dequantized at every inference."""
     shape = g.shape(node.inputs[0])
-    axis = int(node.attrs.get("axis", 0)) % max(len(shape), 1)
-    strided = prod(shape[axis + 1:]) < WHOLE_BLOCK
+    axis = int(node.attrs.get("axis", 0))
+    if not -len(shape) <= axis < len(shape):
+        raise UsageError(f"node '{node.name}' (Gather): axis {axis} is outside -{len(shape)}..{len(shape) - 1} for "
+                         f"data of rank {len(shape)}; the model is malformed")
+    strided = prod(shape[axis % len(shape) + 1:]) < WHOLE_BLOCK
     return [g.layer("data", node, g.activation(node), node.outputs[0], fn=STRIDED if strided else "gather")]
 
 

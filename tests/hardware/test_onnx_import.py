@@ -852,3 +852,11 @@ def test_a_layer_scale_is_not_folded_into_a_conv_whose_output_is_read_elsewhere(
              node("Add", ["m", "c"], ["y"])]
     layers = layers_of(tmp_path, nodes, {"x": [1, 3, 4, 4]}, ["y"], inits)
     assert [layer.op for layer in layers] == ["conv", "mul", "add"]
+
+
+def test_a_gather_along_an_axis_the_data_lacks_is_one_line(tmp_path):
+    inits = [weight("emb", 100, 64)]
+    path = save(tmp_path / "m.onnx", [node("Gather", ["emb", "ids"], ["y"], axis=2)], {"ids": ([1, 16], T.INT64)},
+                ["y"], inits)
+    with pytest.raises(UsageError, match=r"axis 2 is outside -2\.\.1"):
+        import_onnx(path)
