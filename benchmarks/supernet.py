@@ -26,7 +26,7 @@ the default one.
    (`--fronts-only`: the searches of an earlier run, their fronts retrained again).
 
     python benchmarks/supernet.py [--space ee-mbv2] [--workspace runs/supernet-bench/ws] [--name bench] \\
-        [--epochs E] [--train-labels] [--rounds 3] [--timing 8] [--sets tune,held] [--partial] [--search] \\
+        [--epochs E] [--members K [--member-counts 1,3]] [--train-labels] [--rounds 3] [--timing 8] [--sets tune,held] [--partial] [--search] \\
         [--budget 2000] [--strategy nsga2] [--workers 1] [--default-json FILE] [--fronts-only]
 """
 
@@ -71,20 +71,20 @@ def supernet(args):
     if not (args.workspace / store.FOLDER / args.name / store.CARD).is_file():
         print(f"training supernet '{args.name}' ({args.epochs or 'default'} epochs) ...", flush=True)
         nasctl("supernet", "train", "--space", args.space, *(("--epochs", args.epochs) if args.epochs else ()),
-               "--name", args.name, "--seed", 0, workspace=args.workspace)
+               "--name", args.name, "--seed", 0, "--members", args.members, workspace=args.workspace)
     space = load_space(args.space)
     data = load_dataset(pe.DATASET, 0)
-    net, card = store.load(args.name, space, data, split_seed=0)
+    nets, card = store.load_members(args.name, space, data, split_seed=0)
     s = card["settings"]
-    print(f"supernet '{args.name}': {card['epochs_done']} epochs (batch {s['batch_size']}, lr {s['lr']}, "
-          f"{s['random_subnets']} random sub-networks a step, distillation {s['distill']}), trained in "
-          f"{card['train_seconds']:.0f} s")
-    return space, data, net, card
+    print(f"supernet '{args.name}': {store.members(card)} member(s), {card['epochs_done']} epochs (batch "
+          f"{s['batch_size']}, lr {s['lr']}, {s['random_subnets']} random sub-networks a step, distillation "
+          f"{s['distill']}), trained in {card['train_seconds']:.0f} s")
+    return space, data, nets, card
 
 
-def timing(space, data, net, args) -> None:
+def timing(space, data, nets, args) -> None:
     from nasctl.evaluation.train import TrainSettings, evaluate
-    from nasctl.supernet.score import calibration_inputs, score
+    from nasctl.supernet.score import calibration_inputs, score_members
 
     archs = pe.candidates(space, args.timing, 3)
     settings = TrainSettings(epochs=5, threads=1)
@@ -93,7 +93,7 @@ def timing(space, data, net, args) -> None:
     for _ in range(args.rounds):
         for i, arch in enumerate(archs):
             t0 = time.perf_counter()
-            score(net, arch, data, settings, cal)
+            score_members(nets, arch, data, settings, cal)
             t1 = time.perf_counter()
             evaluate(space, arch, data, settings, seed=0)
             t2 = time.perf_counter()
@@ -101,7 +101,7 @@ def timing(space, data, net, args) -> None:
     sn, proxy = np.median(best, axis=1)
     ratios = best[1] / best[0]
     print(f"per candidate ({len(archs)} candidates, min over {args.rounds} interleaved rounds, median over "
-          f"candidates, one thread): supernet {sn * 1e3:.0f} ms, 5-epoch proxy training {proxy:.2f} s: "
+          f"candidates, one thread): supernet ({len(nets)} member{'s' * (len(nets) > 1)}) {sn * 1e3:.0f} ms, 5-epoch proxy training {proxy:.2f} s: "
           f"{proxy / sn:.0f}x faster (per candidate {ratios.min():.0f}x - {ratios.max():.0f}x)")
 
 
@@ -138,11 +138,36 @@ def partial(archs, base: Path, count: int):
              for c in runs[0][i] if c != "arch"} for i in range(len(archs))], len(runs)
 
 
-def agreement(space, data, net, args) -> None:
+def self_agreement(archs, base: Path, count: int) -> str:
+    """How the labels' own trainings agree: one against the mean of the others, and the
+    mean of one half against the other half's (Kendall tau, averaged over the splits)."""
+    from itertools import combinations
+
+    from nasctl.spaces.base import arch_key
+
+    runs = []
+    for r in range(count):
+        path = base if r == 0 else base.with_name(f"{base.stem}-r{r}{base.suffix}")
+        with path.open(newline="") as f:
+            have = {row["arch"]: row for row in csv.DictReader(f)}
+        runs.append([float(have[arch_key(a)]["accuracy"]) for a in archs])
+    runs = np.array(runs)
+    if count < 2:
+        return "one training: no self-agreement"
+    one = np.mean([kendall_tau(runs[i], np.delete(runs, i, 0).mean(0)) for i in range(count)])
+    line = f"the labels' trainings: one against the mean of the other {count - 1} {one:.3f}"
+    if count >= 4:
+        halves = [kendall_tau(runs[list(c)].mean(0), np.delete(runs, list(c), 0).mean(0))
+                  for c in combinations(range(count), count // 2)]
+        line += f", the mean of {count // 2} against the mean of the other {count - count // 2} {np.mean(halves):.3f}"
+    return line
+
+
+def agreement(space, data, nets, args) -> None:
     from types import SimpleNamespace
 
     from nasctl.evaluation.train import TrainSettings
-    from nasctl.supernet.score import calibration_inputs, score
+    from nasctl.supernet.score import calibration_inputs, score_members
 
     cal = calibration_inputs(data, 0)
     exits = space.exit_names()
@@ -153,6 +178,7 @@ def agreement(space, data, net, args) -> None:
         cache = LABELS / (f"labels-{label}-e5.csv" if args.space == pe.SPACE else f"labels-{args.space}-{label}-e5.csv")
         if complete(space, archs, cache, count) or args.train_labels:
             rows = pe.trainings(space, archs, cache, SimpleNamespace(epochs=5, seed=0, jobs=1), 0, count)
+            print(f"{label} set: {self_agreement(archs, cache, count)}")
         elif args.partial:
             rows, count = partial(archs, cache, count)
             if rows is None:
@@ -163,16 +189,22 @@ def agreement(space, data, net, args) -> None:
             print(f"{label}: labels incomplete in {cache} (+ -r1 ... -r{count - 1}); skipped (--partial: "
                   "use the trainings finished so far)")
             continue
-        results = [score(net, a, data, TrainSettings(threads=1), cal)[0] for a in archs]
-        got = np.array([r.accuracy for r in results])
         want = np.array([float(r["accuracy"]) for r in rows])
+        counts = sorted({min(int(k), len(nets)) for k in args.member_counts.split(",")} | {len(nets)})
+        for k in counts[:-1]:  # the first k members alone
+            got = np.array([score_members(nets[:k], a, data, TrainSettings(threads=1), cal)[0].accuracy
+                            for a in archs])
+            print(f"{label} set, the first {k} member{'s' * (k > 1)}: accuracy Kendall tau {kendall_tau(want, got):.3f}")
+        results = [score_members(nets, a, data, TrainSettings(threads=1), cal)[0] for a in archs]
+        got = np.array([r.accuracy for r in results])
         line = [f"accuracy {kendall_tau(want, got):.3f}"]
         for e in exits:
             mine = np.array([r.exit_rates[space.active_exits(a).index(e)] if e in space.active_exits(a) else 0.0
                              for r, a in zip(results, archs)])
             theirs = np.array([float(r[f"exit_rate_{e}"]) for r in rows])
             line.append(f"exit rate {e} {kendall_tau(theirs, mine):.3f} (mean {mine.mean():.2f} vs {theirs.mean():.2f})")
-        print(f"{label} set (50 candidates, labels: mean of {count} 5-epoch trainings), Kendall tau: " + ", ".join(line))
+        print(f"{label} set (50 candidates, labels: mean of {count} 5-epoch trainings; {len(nets)} member"
+              f"{'s' * (len(nets) > 1)}), Kendall tau: " + ", ".join(line))
         print(f"  mean accuracy: supernet {got.mean():.2f}%, stand-alone {want.mean():.2f}%")
 
 
@@ -265,6 +297,9 @@ def main() -> None:
     ap.add_argument("--workspace", type=Path, default=LABELS / "ws")
     ap.add_argument("--name", help="the supernet's name (default: bench, or bench-SPACE for another space)")
     ap.add_argument("--epochs", type=int, help="the supernet's (default: `nasctl supernet train`'s for the space)")
+    ap.add_argument("--members", type=int, default=1, help="`nasctl supernet train --members` of a supernet trained here")
+    ap.add_argument("--member-counts", default="1",
+                    help="rank agreement also of the first K members alone, for each K listed (e.g. 1,3)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timing", type=int, default=8, help="candidates timed both ways")
     ap.add_argument("--skip-timing", action="store_true")
@@ -288,11 +323,11 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    space, data, net, card = supernet(args)
+    space, data, nets, card = supernet(args)
     if not args.skip_timing:
-        timing(space, data, net, args)
+        timing(space, data, nets, args)
     if not args.skip_tau:
-        agreement(space, data, net, args)
+        agreement(space, data, nets, args)
     if args.search:
         search(args, card)
 

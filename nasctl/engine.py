@@ -153,8 +153,8 @@ class Evaluator:
 
         if self.cfg.co_search:
             raise UsageError(f"accuracy '{SUPERNET_PREFIX}{name}' cannot be combined with --co-search yet")
-        self.supernet, _ = store.load(name, space, self.dataset, split_seed=self.cfg.seed)
-        self.supernet_name = name
+        self.supernet_members, _ = store.load_members(name, space, self.dataset, split_seed=self.cfg.seed)
+        self.supernet, self.supernet_name = self.supernet_members[0], name
         self.calibration = calibration_inputs(self.dataset, self.cfg.seed)
 
     def _input(self) -> tuple[tuple[int, int, int], int]:
@@ -217,7 +217,8 @@ class Evaluator:
                               "train": len(d.y_train), "val": len(d.y_val), "test": len(d.y_test)}
             out["train_device"] = self.train_device
         if self.supernet is not None:
-            out["supernet"] = {"name": self.supernet_name, "calibration_samples": len(self.calibration)}
+            out["supernet"] = {"name": self.supernet_name, "members": len(self.supernet_members),
+                               "calibration_samples": len(self.calibration)}
         return out
 
     def __call__(self, arch: dict) -> dict:
@@ -274,15 +275,16 @@ class Evaluator:
     def _inherit(self, net: dict, key: str, force_keep: bool = False) -> tuple[float, list[float]]:
         """Accuracy and exit rates of `net` with the weights it inherits from the supernet
         (`nasctl.supernet.score`); its network is kept as a trained one is."""
-        from .supernet.score import score
+        from .supernet.score import score_members
 
         seed = candidate_seed(self.cfg.seed, key)
         # with --keep-weights front, the front's networks are kept once the search ends (keep_front)
         keep = self._keeper(net, key, seed) if self.cfg.keep_weights == "all" or force_keep else None
-        result, model = score(self.supernet, net, self.dataset, self.settings, self.calibration,
-                              finetune_epochs=self.cfg.finetune_epochs, seed=seed, extract=keep is not None)
-        if keep is not None:
-            keep(model, result)
+        result, model, own = score_members(self.supernet_members, net, self.dataset, self.settings, self.calibration,
+                                           finetune_epochs=self.cfg.finetune_epochs, seed=seed,
+                                           extract=keep is not None)
+        if keep is not None:  # of a supernet with members, the first member's network, with its own figures
+            keep(model, own)
         self._exit_accuracies[key] = result.exit_accuracies
         return result.accuracy, result.exit_rates
 
@@ -312,7 +314,10 @@ class Evaluator:
                              "exit_tolerance": net.get("exit_tolerance", self.settings.exit_tolerance),
                              "exit_rates": self.settings.exit_rates},
                 **({"supernet": {"name": self.supernet_name, "finetune_epochs": cfg.finetune_epochs,
-                                 "calibration_samples": len(self.calibration)}} if self.supernet is not None else {}),
+                                 "calibration_samples": len(self.calibration),
+                                 **({"member": 0, "members": len(self.supernet_members)}
+                                    if len(self.supernet_members) > 1 else {})}}
+                   if self.supernet is not None else {}),
             })
         return keep
 

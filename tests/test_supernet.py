@@ -293,6 +293,83 @@ def test_a_search_scores_candidates_on_inherited_weights_and_exports_them(traine
     assert (tmp_path / "exp" / "model.onnx").is_file()
 
 
+def test_a_supernet_with_members_scores_candidates_by_the_mean_of_its_members(trained, tmp_path):
+    """--members K: K supernets from seeds of their own on one split (the first is the
+    supernet one member would be); a search records each candidate's mean figures and keeps
+    the first member's network with its own; a training stopped in a later member resumes
+    to the same weights; a card with a broken member count is refused in one line."""
+    import torch
+
+    from nasctl import workspace
+    from nasctl.evaluation import kept
+    from nasctl.evaluation.datasets import load_dataset
+    from nasctl.evaluation.train import TrainSettings
+    from nasctl.runs import load as load_run
+    from nasctl.supernet import store, train_and_save
+    from nasctl.supernet.score import calibration_inputs, score, score_members
+    from nasctl.supernet.train import SupernetSettings
+
+    ws, data, _ = trained
+    train = ("--workspace", ws, "supernet", "train", "--space", "tiny", "--dataset", data, "--epochs", 2,
+             "--warmup-epochs", 1)
+    res = invoke(*train, "--name", "duo", "--members", 2, "--json")
+    assert res.exit_code == 0, res.output
+    card = json.loads(res.stdout)
+    assert card["members"] == 2 and card["format"] == 2 and set(card["files"]) == {"weights.pt", "weights-1.pt"}
+    folder = ws / "supernets" / "duo"
+    first = torch.load(folder / "weights.pt", weights_only=True)
+    other = torch.load(folder / "weights-1.pt", weights_only=True)
+    single = torch.load(ws / "supernets" / "sn" / "weights.pt", weights_only=True)
+    assert all(torch.equal(first[k], single[k]) for k in single)  # member 0 is the one-member supernet
+    assert not all(torch.equal(first[k], other[k]) for k in first)
+    listed = json.loads(invoke("--workspace", ws, "supernet", "list", "--json").stdout)
+    members = {r["name"]: r["members"] for r in listed}
+    assert members["sn"] == 1 and members["duo"] == 2
+
+    run_dir = tmp_path / "run"
+    res = invoke("--workspace", ws, "search", "--space", "tiny", "--dataset", data, "--accuracy", "supernet:duo",
+                 "--strategy", "random", "--budget", 4, "--run-dir", run_dir, "--keep-weights", "all", "--json")
+    assert res.exit_code == 0, res.output
+    workspace.set_workspace(ws)
+    d = load_dataset(str(data), 0)
+    nets, _ = store.load_members("duo", _space(), d)
+    cal = calibration_inputs(d, 0)
+    for row in load_run(str(run_dir)).trials:
+        arch = json.loads(row["arch"])
+        each = [score(net, arch, d, TrainSettings(threads=1), cal)[0] for net in nets]
+        assert row["accuracy"] == pytest.approx(np.mean([r.accuracy for r in each]), abs=1e-3)
+        assert row["exit_rate_final"] == pytest.approx(np.mean([r.exit_rates[-1] for r in each]), abs=1e-6)
+        meta = kept.read_meta(kept.folder_of(run_dir, row["arch"]))
+        assert meta["figures"]["accuracy"] == pytest.approx(each[0].accuracy, abs=1e-9)
+        assert meta["supernet"]["members"] == 2 and meta["supernet"]["member"] == 0
+        mean, _, own = score_members(nets, arch, d, TrainSettings(threads=1), cal)
+        assert own.accuracy == each[0].accuracy and mean.accuracy == pytest.approx(row["accuracy"], abs=1e-3)
+
+    def stop(done, loss):
+        if done == 3:  # Ctrl-C after the first epoch of the second member
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_and_save("tiny", str(data), "duo2", SupernetSettings(epochs=2, warmup_epochs=1), 0, members=2,
+                       on_epoch=stop)
+    half = ws / "supernets" / "duo2"
+    assert (half / "weights.pt").is_file() and not (half / "weights-1.pt").exists()
+    assert json.loads((half / "checkpoint.json").read_text())["member"] == 1
+    one_line_error(invoke(*train, "--name", "duo2", "--members", 3, "--resume"), 2, "another members")
+    res = invoke(*train, "--name", "duo2", "--members", 2, "--resume")
+    assert res.exit_code == 0, res.output
+    for file in ("weights.pt", "weights-1.pt"):
+        a, b = torch.load(half / file, weights_only=True), torch.load(folder / file, weights_only=True)
+        assert all(torch.equal(a[k], b[k]) for k in b)
+
+    broken = tmp_path / "broken"
+    shutil.copytree(ws, broken)
+    doc = yaml.safe_load((broken / "supernets" / "duo" / "card.yaml").read_text())
+    (broken / "supernets" / "duo" / "card.yaml").write_text(yaml.safe_dump({**doc, "members": 0}))
+    one_line_error(invoke("--workspace", broken, "search", "--space", "tiny", "--dataset", data,
+                          "--accuracy", "supernet:duo", "--budget", 2), 2, "members: 0 is not a whole number")
+
+
 def test_local_workers_find_the_supernet_in_the_workspace(trained, tmp_path):
     """--workers N with --workspace: every worker process resolves `supernet:NAME` where the
     first one did; a worker that stopped would be named in the run's notes."""

@@ -33,6 +33,10 @@ def train(
                                                                   "distilled from the largest one.")] = 0.5,
     warmup_epochs: Annotated[int, typer.Option(min=0, help="First epochs training only the largest "
                                                            "sub-network.")] = 2,
+    members: Annotated[int, typer.Option(
+        min=1, max=16, help="Supernets to train, each from its own seed, on the same split: a search with it scores "
+                            "every candidate on each and records the means (steadier rankings, K times the "
+                            "time).")] = 1,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the unfinished training saved under NAME.")]
     = False,
     force: Annotated[bool, typer.Option("--force", help="Replace a supernet saved under NAME.")] = False,
@@ -60,15 +64,17 @@ def train(
         progress.update(task["id"], completed=done, description=f"loss {loss:.3f}")
 
     try:
-        folder, card = train_and_save(space, dataset, name or _space_name(space), settings, seed, resume=resume,
-                                      force=force, on_start=start, on_epoch=epoch)
+        folder, card = train_and_save(space, dataset, name or _space_name(space), settings, seed, members=members,
+                                      resume=resume, force=force, on_start=start, on_epoch=epoch)
     finally:
         progress.stop()
     if as_json:
         return print_json({"path": str(folder), **card})
     epochs = card["epochs_done"]
-    out.print(f"supernet '{card['name']}' of space '{card['space']}' trained for {epochs} epoch{'s' * (epochs != 1)} "
-              f"in {card['train_seconds']:.0f} s: {folder}")
+    k = card.get("members", 1)
+    out.print(f"supernet '{card['name']}' of space '{card['space']}'{f' ({k} members)' if k > 1 else ''} trained "
+              f"for {epochs} epoch{'s' * (epochs != 1)}{' each' if k > 1 else ''} in {card['train_seconds']:.0f} s: "
+              f"{folder}")
     out.print(f"search with it: nasctl search --space {space} --accuracy supernet:{card['name']} --seed {seed}")
 
 
@@ -89,9 +95,9 @@ def list_supernets(as_json: Annotated[bool, typer.Option("--json", help="Print J
         card = read_card(s.path)
         rows.append({"name": s.name, "space": card["space"], "dataset": card["dataset"].get("name"),
                      "split_seed": card["dataset"].get("split_seed"), "epochs": card.get("epochs_done"),
-                     "origin": s.origin, "path": str(s.path)})
+                     "members": card.get("members", 1), "origin": s.origin, "path": str(s.path)})
     print_rows(rows, {"name": "name", "space": "space", "dataset": "dataset", "split_seed": "split seed",
-                      "epochs": "epochs", "origin": "origin", "path": "path"}, as_json)
+                      "epochs": "epochs", "members": "members", "origin": "origin", "path": "path"}, as_json)
 
 
 @app.command("show")

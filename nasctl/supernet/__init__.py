@@ -12,12 +12,25 @@ from typing import Callable, Optional
 from ..errors import UsageError
 
 
-def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed: int, *, resume: bool = False,
-                   force: bool = False, on_start: Optional[Callable[[int, int], None]] = None,
+def member_seed(seed: int, member: int) -> int:
+    """The seed of member `member`'s initial weights and sampling (the first: `seed`)."""
+    import numpy as np
+
+    if member == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, member]).generate_state(1, dtype=np.uint64)[0] & (2**63 - 1))
+
+
+def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed: int, *, members: int = 1,
+                   resume: bool = False, force: bool = False,
+                   on_start: Optional[Callable[[int, int], None]] = None,
                    on_epoch: Optional[Callable[[int, float], None]] = None) -> tuple[Path, dict]:
     """Train a supernet of space `space_name` on `dataset_spec` (split by `seed`) and save
     it as `supernets/NAME/` in the workspace, a checkpoint after every epoch; with
-    `resume`, continue from the folder's checkpoint.  (The folder, its card.)"""
+    `resume`, continue from the folder's checkpoint.  With `members` K > 1, K supernets
+    one after the other, each initialised and sampled from its own seed (`member_seed`),
+    all on the same split; `on_start(total, done)` and `on_epoch(done, loss)` count the
+    epochs of all of them.  (The folder, its card.)"""
     import torch
 
     from .. import workspace
@@ -49,34 +62,50 @@ def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed
             "dataset": {"name": dataset_spec, "split_seed": seed, "train": len(data.y_train),
                         "train_sha256": store.data_hash(data)},
             "input_shape": list(data.input_shape), "classes": data.classes,
-            "normalisation": data.normalisation, "seed": seed, "settings": settings.as_dict()}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        net = Supernet(space, data.input_shape, data.classes)
-    start, opt_state, spent = 0, None, 0.0
+            "normalisation": data.normalisation, "seed": seed, "members": members, "settings": settings.as_dict()}
+    kept_keys = ("space_hash", "dataset", "seed", "members", "settings")
+    member, spent = 0, 0.0
     if resume:
-        start, opt_state, meta = store.load_checkpoint(folder, net)
-        for key in ("space_hash", "dataset", "seed", "settings"):
-            if meta.get(key) != card[key] and not (key == "settings" and _same_but_epochs(meta[key], card[key])):
+        meta = store.checkpoint_meta(folder)
+        for key in kept_keys:
+            mine = meta.get(key, 1) if key == "members" else meta.get(key)  # checkpoints before --members
+            if mine != card[key] and not (key == "settings" and _same_but_epochs(mine, card[key])):
                 raise UsageError(f"supernet '{name}': --resume with another {key} than its checkpoint's "
-                                 f"({meta.get(key)}); continue with the same settings, or --force a new one")
-        spent = float(meta.get("train_seconds", 0.0))
+                                 f"({mine}); continue with the same settings, or --force a new one")
+        member, spent = int(meta.get("member", 0)), float(meta.get("train_seconds", 0.0))
+        for m in range(member):
+            if not (folder / store.weights_file(m)).is_file():
+                raise UsageError(f"supernet '{name}': member {m}'s {store.weights_file(m)} is missing from "
+                                 f"{folder}; --force a new training")
+    else:
+        for stale in folder.glob("weights-*.pt"):  # members of a supernet this one replaces
+            stale.unlink()
     if on_start:
-        on_start(settings.epochs, start)
+        on_start(settings.epochs * members, settings.epochs * member + (store.checkpoint_meta(folder)["epoch"]
+                                                                         if resume else 0))
     t0 = time.perf_counter()
+    for m in range(member, members):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(member_seed(seed, m))
+            net = Supernet(space, data.input_shape, data.classes)
+        if resume and m == member:
+            start, opt_state, _ = store.load_checkpoint(folder, net)
+        else:
+            start, opt_state = 0, None
 
-    def epoch_done(done: int, loss: float, opt) -> None:
-        store.save_checkpoint(folder, net, opt, done, {**{k: card[k] for k in ("space_hash", "dataset", "seed",
-                                                                                "settings")},
-                                                       "train_seconds": spent + time.perf_counter() - t0})
-        if on_epoch:
-            on_epoch(done, loss)
+        def epoch_done(done: int, loss: float, opt, m=m, net=net) -> None:
+            store.save_checkpoint(folder, net, opt, done, {**{k: card[k] for k in kept_keys}, "member": m,
+                                                           "train_seconds": spent + time.perf_counter() - t0})
+            if on_epoch:
+                on_epoch(settings.epochs * m + done, loss)
 
-    train_supernet(net, data, settings, seed, start_epoch=start, optimizer_state=opt_state, on_epoch=epoch_done)
+        train_supernet(net, data, settings, member_seed(seed, m), start_epoch=start, optimizer_state=opt_state,
+                       on_epoch=epoch_done)
+        store.save_weights(folder, net, m)
     card["epochs_done"] = settings.epochs
     card["train_seconds"] = round(spent + time.perf_counter() - t0, 3)
     card["versions"] = _versions()
-    store.save(folder, net, card)
+    store.save_card(folder, card)
     store.remove_checkpoint(folder)
     return folder, store.read_card(folder)
 

@@ -9,6 +9,11 @@
  4. calibrates its exit thresholds on the validation split and measures it on the test
     split as proxy training does (`nasctl.evaluation.train.measure`, with batch norm folded
     into the convs: equal up to float rounding): accuracy, exit rates and exit accuracies.
+
+`score_members` does this with each member of a supernet trained with `--members K` and
+gives the means of their figures, as `nasctl search --repeats` averages trainings: one
+network's accuracy on a small test split moves by about as much as candidates differ
+(benchmarks/README.md, `supernet.py`), and the mean over members ranks them more steadily.
 """
 
 from __future__ import annotations
@@ -49,3 +54,25 @@ def score(net: Supernet, arch: dict, data, settings: TrainSettings, calibration:
     # of 30 candidates (one test input apart on the other)
     result = measure(model, net.space, arch, data, settings, time.perf_counter() - t0, fold_batch_norm=True)
     return result, model
+
+
+def score_members(nets: list, arch: dict, data, settings: TrainSettings, calibration: torch.Tensor, *,
+                  finetune_epochs: int = 0, seed: int = 0, extract: bool = False
+                  ) -> tuple[EvalResult, torch.nn.Module, EvalResult]:
+    """`score` with each member of a supernet: (the mean of their accuracies, exit rates
+    and exit accuracies - thresholds those of the first member, seconds their sum -, the
+    first member's network, the first member's own figures)."""
+    first, model = score(nets[0], arch, data, settings, calibration, finetune_epochs=finetune_epochs, seed=seed,
+                         extract=extract)
+    if len(nets) == 1:
+        return first, model, first
+    results = [first] + [score(net, arch, data, settings, calibration, finetune_epochs=finetune_epochs,
+                               seed=seed)[0] for net in nets[1:]]
+    mean = replace(first,
+                   accuracy=float(np.mean([r.accuracy for r in results])),
+                   exit_rates=np.mean([r.exit_rates for r in results], axis=0).tolist(),
+                   exit_accuracies=np.mean([r.exit_accuracies for r in results], axis=0).tolist(),
+                   val_accuracy=float(np.mean([r.val_accuracy for r in results])),
+                   val_exit_accuracies=np.mean([r.val_exit_accuracies for r in results], axis=0).tolist(),
+                   train_seconds=float(sum(r.train_seconds for r in results)))
+    return mean, model, first

@@ -1,14 +1,19 @@
 """Saved supernets: `supernets/NAME/` in the workspace.
 
     weights.pt       the full network's torch `state_dict` (loads with weights_only=True)
+    weights-M.pt     the same of member M (M = 1, 2, ...) of a supernet trained with
+                     `--members K`: K supernets of one space and data, initialised and
+                     sampled from seeds of their own; a candidate's figures are the means
+                     of its figures on each (`nasctl.supernet.score.score_members`)
     card.yaml        what it holds and how it was made: the space's name, file and a hash
                      of its spec (a supernet fits only the space it was trained for), the
                      dataset and its split seed, input shape and classes, the training
-                     settings and seed, epochs done, wall time, package versions and the
-                     SHA-256 of weights.pt
+                     settings and seed, the number of members, epochs done, wall time,
+                     package versions and the SHA-256 of each weights file
     checkpoint.pt    while training: the weights and AdamW moments after the last finished
-    checkpoint.json  epoch (tensors only), and that epoch with the settings, so that
-                     `nasctl supernet train --resume` continues it; removed once done
+    checkpoint.json  epoch (tensors only) of the member in training, and that member and
+                     epoch with the settings, so that `nasctl supernet train --resume`
+                     continues it; removed once done
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ CARD = "card.yaml"
 WEIGHTS = "weights.pt"
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_META = "checkpoint.json"
-FORMAT = 1
+FORMAT = 2  # 2: a supernet with members (`--members`); one without is written as format 1
 
 
 def spec_hash(space) -> str:
@@ -61,6 +66,9 @@ def read_card(folder: Path) -> dict:
     for key in ("space", "space_hash", "input_shape", "classes", "dataset", "files"):
         if key not in card:
             raise ConfigError(f"{Path(folder) / CARD}: {key}: missing")
+    k = card.get("members", 1)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"{Path(folder) / CARD}: members: {k!r} is not a whole number of at least 1")
     return card
 
 
@@ -83,11 +91,27 @@ def data_hash(data) -> str:
     return h.hexdigest()[:16]
 
 
+def weights_file(member: int) -> str:
+    """The weights file of member `member` (0: the supernet itself)."""
+    return WEIGHTS if member == 0 else f"weights-{member}.pt"
+
+
+def members(card: dict) -> int:
+    """How many supernets a card's folder holds (cards before `--members`: one)."""
+    return int(card.get("members", 1))
+
+
 def load(name: str, space, dataset=None, split_seed: int | None = None):
     """The supernet `name` (a workspace name or a folder), checked against `space` and,
     where given, the dataset split by `split_seed` (its training split must be the
     supernet's own: else it has seen the validation or test inputs); (Supernet in eval
-    mode, card)."""
+    mode, card).  Of a supernet with members, the first (`load_members`: all)."""
+    nets, card = load_members(name, space, dataset, split_seed, first_only=True)
+    return nets[0], card
+
+
+def load_members(name: str, space, dataset=None, split_seed: int | None = None, first_only: bool = False):
+    """As `load`: ([every member's Supernet, in eval mode], card)."""
     from ..evaluation import kept
     from .elastic import Supernet
 
@@ -104,28 +128,40 @@ def load(name: str, space, dataset=None, split_seed: int | None = None):
         if want.get("train_sha256") != data_hash(dataset):
             raise UsageError(f"supernet '{name}' was trained on other data ('{want.get('name')}', split by seed "
                              f"{want.get('split_seed')}) than dataset '{dataset.name}'; train one on it")
-    state = kept.load_weights(folder / WEIGHTS, card["files"].get(WEIGHTS))
-    net = Supernet(space, tuple(card["input_shape"]), int(card["classes"]))
-    try:
-        net.full.load_state_dict(state)
-    except RuntimeError as e:
-        raise UsageError(f"{folder / WEIGHTS} does not hold this space's supernet: "
-                         f"{' '.join(str(e).split())[:200]}") from None
-    return net.eval(), card
+    nets = []
+    for m in range(1 if first_only else members(card)):
+        file = weights_file(m)
+        state = kept.load_weights(folder / file, card["files"].get(file))
+        net = Supernet(space, tuple(card["input_shape"]), int(card["classes"]))
+        try:
+            net.full.load_state_dict(state)
+        except RuntimeError as e:
+            raise UsageError(f"{folder / file} does not hold this space's supernet: "
+                             f"{' '.join(str(e).split())[:200]}") from None
+        nets.append(net.eval())
+    return nets, card
 
 
-def save(folder: Path, net, card: dict) -> Path:
-    """weights.pt and card.yaml (written last: a folder without one is no supernet)."""
+def save_weights(folder: Path, net, member: int = 0) -> None:
+    """Member `member`'s weights file (weights.pt for the first)."""
     import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    file = weights_file(member)
+    tmp = folder / (file + ".tmp")
+    torch.save({k: v.detach().cpu().contiguous() for k, v in net.full.state_dict().items()}, tmp)
+    os.replace(tmp, folder / file)
+
+
+def save_card(folder: Path, card: dict) -> Path:
+    """card.yaml, with the SHA-256 of every member's weights file (written last: a folder
+    without one is no supernet)."""
     import yaml
 
     from ..evaluation import kept
 
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / (WEIGHTS + ".tmp")
-    torch.save({k: v.detach().cpu().contiguous() for k, v in net.full.state_dict().items()}, tmp)
-    os.replace(tmp, folder / WEIGHTS)
-    doc = {"format": FORMAT, **card, "files": {WEIGHTS: kept.sha256(folder / WEIGHTS)}}
+    files = [weights_file(m) for m in range(members(card))]
+    doc = {"format": 1 if len(files) == 1 else 2, **card, "files": {f: kept.sha256(folder / f) for f in files}}
     (folder / (CARD + ".tmp")).write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     os.replace(folder / (CARD + ".tmp"), folder / CARD)
     return folder
