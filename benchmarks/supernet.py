@@ -74,10 +74,13 @@ def supernet(args):
     if not (args.workspace / store.FOLDER / args.name / store.CARD).is_file():
         print(f"training supernet '{args.name}' ({args.epochs or 'default'} epochs) ...", flush=True)
         nasctl("supernet", "train", "--space", args.space, *(("--epochs", args.epochs) if args.epochs else ()),
-               "--name", args.name, "--seed", 0, "--members", args.members, workspace=args.workspace)
+               "--name", args.name, "--seed", 0, "--members", args.members or 1, workspace=args.workspace)
     space = load_space(args.space)
     data = load_dataset(pe.DATASET, 0)
     nets, card = store.load_members(args.name, space, data, split_seed=0)
+    if args.members is not None and store.members(card) != args.members:
+        raise SystemExit(f"supernet '{args.name}' in {args.workspace} has {store.members(card)} member(s), not "
+                         f"--members {args.members}: give another --name")
     s = card["settings"]
     print(f"supernet '{args.name}': {store.members(card)} member(s), {card['epochs_done']} epochs (batch "
           f"{s['batch_size']}, lr {s['lr']}, {s['random_subnets']} random sub-networks a step, distillation "
@@ -300,7 +303,8 @@ def main() -> None:
     ap.add_argument("--workspace", type=Path, default=LABELS / "ws")
     ap.add_argument("--name", help="the supernet's name (default: bench, or bench-SPACE for another space)")
     ap.add_argument("--epochs", type=int, help="the supernet's (default: `nasctl supernet train`'s for the space)")
-    ap.add_argument("--members", type=int, default=1, help="`nasctl supernet train --members` of a supernet trained here")
+    ap.add_argument("--members", type=int, help="`nasctl supernet train --members` of a supernet trained here "
+                                                "(default 1; one trained already is checked against it)")
     ap.add_argument("--member-counts", default="1",
                     help="rank agreement also of the first K members alone, for each K listed (e.g. 1,3)")
     ap.add_argument("--rounds", type=int, default=3)

@@ -272,19 +272,24 @@ class Evaluator:
         for key in keys:
             self._inherit(json.loads(key), key, force_keep=True)
 
-    def _inherit(self, net: dict, key: str, force_keep: bool = False) -> tuple[float, list[float]]:
+    def _inherit(self, net: dict, key: str, force_keep: bool = False) -> tuple[float, list[float]] | None:
         """Accuracy and exit rates of `net` with the weights it inherits from the supernet
-        (`nasctl.supernet.score`); its network is kept as a trained one is."""
+        (`nasctl.supernet.score`); its network is kept as a trained one is.  With
+        `force_keep` (its trial measured already), only its network is kept: None."""
         from .supernet.score import score_members
 
         seed = candidate_seed(self.cfg.seed, key)
         # with --keep-weights front, the front's networks are kept once the search ends (keep_front)
         keep = self._keeper(net, key, seed) if self.cfg.keep_weights == "all" or force_keep else None
-        result, model, own = score_members(self.supernet_members, net, self.dataset, self.settings, self.calibration,
+        # kept afterwards: the first member's network alone, its trial's figures recorded already
+        nets = self.supernet_members[:1] if force_keep else self.supernet_members
+        result, model, own = score_members(nets, net, self.dataset, self.settings, self.calibration,
                                            finetune_epochs=self.cfg.finetune_epochs, seed=seed,
                                            extract=keep is not None)
         if keep is not None:  # of a supernet with members, the first member's network, with its own figures
             keep(model, own)
+        if force_keep:
+            return None
         self._exit_accuracies[key] = result.exit_accuracies
         return result.accuracy, result.exit_rates
 

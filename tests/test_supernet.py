@@ -345,29 +345,49 @@ def test_a_supernet_with_members_scores_candidates_by_the_mean_of_its_members(tr
         mean, _, own = score_members(nets, arch, d, TrainSettings(threads=1), cal)
         assert own.accuracy == each[0].accuracy and mean.accuracy == pytest.approx(row["accuracy"], abs=1e-3)
 
-    def stop(done, loss):
-        if done == 3:  # Ctrl-C after the first epoch of the second member
-            raise KeyboardInterrupt
+    def stop_at(epoch):
+        def stop(done, loss):
+            if done == epoch:  # Ctrl-C after this epoch (counted over the members)
+                raise KeyboardInterrupt
+        return stop
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt):  # after the first epoch of the second member
         train_and_save("tiny", str(data), "duo2", SupernetSettings(epochs=2, warmup_epochs=1), 0, members=2,
-                       on_epoch=stop)
+                       on_epoch=stop_at(3))
     half = ws / "supernets" / "duo2"
-    assert (half / "weights.pt").is_file() and not (half / "weights-1.pt").exists()
+    assert (half / "member-0.pending.pt").is_file() and not (half / "card.yaml").exists()
     assert json.loads((half / "checkpoint.json").read_text())["member"] == 1
-    one_line_error(invoke(*train, "--name", "duo2", "--members", 3, "--resume"), 2, "another members")
-    res = invoke(*train, "--name", "duo2", "--members", 2, "--resume")
+    one_line_error(invoke(*train, "--name", "duo2", "--members", 3, "--resume"), 2,
+                   "another members 3 than its checkpoint's (2)")
+    one_line_error(invoke(*train[:-4], "--epochs", 3, "--warmup-epochs", 1, "--name", "duo2", "--resume"), 2,
+                   "--epochs 3, but its members before member 1 trained 2 epochs")
+    res = invoke(*train, "--name", "duo2", "--resume")  # its own 2 members
     assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in half.iterdir()) == ["card.yaml", "weights-1.pt", "weights.pt"]
     for file in ("weights.pt", "weights-1.pt"):
         a, b = torch.load(half / file, weights_only=True), torch.load(folder / file, weights_only=True)
         assert all(torch.equal(a[k], b[k]) for k in b)
 
+    # a --force training stopped midway leaves the supernet it replaces whole; once done, only its own files
+    with pytest.raises(KeyboardInterrupt):
+        train_and_save("tiny", str(data), "duo2", SupernetSettings(epochs=2, warmup_epochs=1), 1, members=1,
+                       force=True, on_epoch=stop_at(2))
+    nets, card = store.load_members("duo2", _space())
+    assert card["members"] == 2 and all(torch.equal(nets[1].full.state_dict()[k], other[k]) for k in other)
+    res = invoke(*train, "--name", "duo2", "--force", "--seed", 1)
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in half.iterdir()) == ["card.yaml", "weights.pt"]
+
     broken = tmp_path / "broken"
     shutil.copytree(ws, broken)
-    doc = yaml.safe_load((broken / "supernets" / "duo" / "card.yaml").read_text())
-    (broken / "supernets" / "duo" / "card.yaml").write_text(yaml.safe_dump({**doc, "members": 0}))
-    one_line_error(invoke("--workspace", broken, "search", "--space", "tiny", "--dataset", data,
-                          "--accuracy", "supernet:duo", "--budget", 2), 2, "members: 0 is not a whole number")
+    card_file = broken / "supernets" / "duo" / "card.yaml"
+    doc = yaml.safe_load(card_file.read_text())
+    card_file.write_text(yaml.safe_dump({**doc, "members": 0}))
+    search = ("--workspace", broken, "search", "--space", "tiny", "--dataset", data, "--accuracy", "supernet:duo",
+              "--budget", 2)
+    one_line_error(invoke(*search), 2, "members: 0 is not a whole number")
+    card_file.write_text(yaml.safe_dump({**doc, "files": {"weights.pt": doc["files"]["weights.pt"]}}))
+    one_line_error(invoke(*search), 2, "files: no SHA-256 of weights-1.pt (the card has 2 members)")
 
 
 def test_local_workers_find_the_supernet_in_the_workspace(trained, tmp_path):

@@ -33,10 +33,10 @@ def train(
                                                                   "distilled from the largest one.")] = 0.5,
     warmup_epochs: Annotated[int, typer.Option(min=0, help="First epochs training only the largest "
                                                            "sub-network.")] = 2,
-    members: Annotated[int, typer.Option(
+    members: Annotated[Optional[int], typer.Option(
         min=1, max=16, help="Supernets to train, each from its own seed, on the same split: a search with it scores "
                             "every candidate on each and records the means (steadier rankings, K times the "
-                            "time).")] = 1,
+                            "time). [default: 1; with --resume, the training's own]", show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the unfinished training saved under NAME.")]
     = False,
     force: Annotated[bool, typer.Option("--force", help="Replace a supernet saved under NAME.")] = False,

@@ -21,7 +21,8 @@ def member_seed(seed: int, member: int) -> int:
     return int(np.random.SeedSequence([seed, member]).generate_state(1, dtype=np.uint64)[0] & (2**63 - 1))
 
 
-def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed: int, *, members: int = 1,
+def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed: int, *,
+                   members: Optional[int] = None,
                    resume: bool = False, force: bool = False,
                    on_start: Optional[Callable[[int, int], None]] = None,
                    on_epoch: Optional[Callable[[int, float], None]] = None) -> tuple[Path, dict]:
@@ -29,8 +30,11 @@ def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed
     it as `supernets/NAME/` in the workspace, a checkpoint after every epoch; with
     `resume`, continue from the folder's checkpoint.  With `members` K > 1, K supernets
     one after the other, each initialised and sampled from its own seed (`member_seed`),
-    all on the same split; `on_start(total, done)` and `on_epoch(done, loss)` count the
-    epochs of all of them.  (The folder, its card.)"""
+    all on the same split (None: 1, or a resumed training's own); `on_start(total, done)`
+    and `on_epoch(done, loss)` count the epochs of all of them.  A finished member's
+    weights wait under a name of their own (`store.pending_file`) until every member is
+    done, so the supernet a `force`d training replaces stays whole until then.  (The
+    folder, its card.)"""
     import torch
 
     from .. import workspace
@@ -49,6 +53,8 @@ def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed
     if settings.epochs is None:  # a resumed training's own, else the space kind's default
         planned = store.checkpoint_meta(folder).get("settings", {}).get("epochs") if resume and has_checkpoint else None
         settings = replace(settings, epochs=planned or default_epochs(space))
+    if members is None:  # a resumed training's own, else one
+        members = int(store.checkpoint_meta(folder).get("members", 1)) if resume and has_checkpoint else 1
     if resume and not has_checkpoint:
         raise UsageError(f"supernet '{name}' has no checkpoint to resume in {folder}"
                          + ("" if not (folder / store.CARD).is_file() else " (its training finished)"))
@@ -70,16 +76,19 @@ def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed
         for key in kept_keys:
             mine = meta.get(key, 1) if key == "members" else meta.get(key)  # checkpoints before --members
             if mine != card[key] and not (key == "settings" and _same_but_epochs(mine, card[key])):
-                raise UsageError(f"supernet '{name}': --resume with another {key} than its checkpoint's "
+                given = f" {card[key]}" if key == "members" else ""
+                raise UsageError(f"supernet '{name}': --resume with another {key}{given} than its checkpoint's "
                                  f"({mine}); continue with the same settings, or --force a new one")
         member, spent = int(meta.get("member", 0)), float(meta.get("train_seconds", 0.0))
+        planned = meta["settings"].get("epochs")
+        if member > 0 and planned != settings.epochs:
+            raise UsageError(f"supernet '{name}': --resume with --epochs {settings.epochs}, but its members before "
+                             f"member {member} trained {planned} epochs; resume with --epochs {planned}, or --force "
+                             "a new one")
         for m in range(member):
-            if not (folder / store.weights_file(m)).is_file():
-                raise UsageError(f"supernet '{name}': member {m}'s {store.weights_file(m)} is missing from "
+            if not (folder / store.pending_file(m)).is_file():
+                raise UsageError(f"supernet '{name}': member {m}'s {store.pending_file(m)} is missing from "
                                  f"{folder}; --force a new training")
-    else:
-        for stale in folder.glob("weights-*.pt"):  # members of a supernet this one replaces
-            stale.unlink()
     if on_start:
         on_start(settings.epochs * members, settings.epochs * member + (store.checkpoint_meta(folder)["epoch"]
                                                                          if resume else 0))

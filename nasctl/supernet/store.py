@@ -10,6 +10,9 @@
                      dataset and its split seed, input shape and classes, the training
                      settings and seed, the number of members, epochs done, wall time,
                      package versions and the SHA-256 of each weights file
+    member-M.pending.pt
+                     while training: member M's weights once it is done, moved to its
+                     weights file when every member is
     checkpoint.pt    while training: the weights and AdamW moments after the last finished
     checkpoint.json  epoch (tensors only) of the member in training, and that member and
                      epoch with the settings, so that `nasctl supernet train --resume`
@@ -69,6 +72,11 @@ def read_card(folder: Path) -> dict:
     k = card.get("members", 1)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"{Path(folder) / CARD}: members: {k!r} is not a whole number of at least 1")
+    files = card["files"]
+    for file in (weights_file(m) for m in range(k)):
+        if not isinstance(files, dict) or not isinstance(files.get(file), str):
+            raise ConfigError(f"{Path(folder) / CARD}: files: no SHA-256 of {file} (the card has {k} "
+                              f"member{'s' * (k > 1)})")
     return card
 
 
@@ -142,25 +150,38 @@ def load_members(name: str, space, dataset=None, split_seed: int | None = None, 
     return nets, card
 
 
+def pending_file(member: int) -> str:
+    """Where member `member`'s weights wait while later members train."""
+    return f"member-{member}.pending.pt"
+
+
 def save_weights(folder: Path, net, member: int = 0) -> None:
-    """Member `member`'s weights file (weights.pt for the first)."""
+    """Member `member`'s weights, pending until `save_card` (a supernet being replaced
+    stays whole until the new one is done)."""
     import torch
 
     folder.mkdir(parents=True, exist_ok=True)
-    file = weights_file(member)
+    file = pending_file(member)
     tmp = folder / (file + ".tmp")
     torch.save({k: v.detach().cpu().contiguous() for k, v in net.full.state_dict().items()}, tmp)
     os.replace(tmp, folder / file)
 
 
 def save_card(folder: Path, card: dict) -> Path:
-    """card.yaml, with the SHA-256 of every member's weights file (written last: a folder
-    without one is no supernet)."""
+    """Every member's pending weights moved to its weights file (weights.pt, weights-1.pt,
+    ...), the weights files of members the card does not have removed, then card.yaml with
+    the SHA-256 of each weights file, written last: a folder without one is no supernet."""
     import yaml
 
     from ..evaluation import kept
 
     files = [weights_file(m) for m in range(members(card))]
+    (folder / CARD).unlink(missing_ok=True)  # the supernet replaced, whose weights change now
+    for m, file in enumerate(files):
+        os.replace(folder / pending_file(m), folder / file)
+    for stale in folder.glob("weights-*.pt"):
+        if stale.name not in files:
+            stale.unlink()
     doc = {"format": 1 if len(files) == 1 else 2, **card, "files": {f: kept.sha256(folder / f) for f in files}}
     (folder / (CARD + ".tmp")).write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     os.replace(folder / (CARD + ".tmp"), folder / CARD)
