@@ -370,8 +370,9 @@ def test_a_supernet_with_members_scores_candidates_by_the_mean_of_its_members(tr
 
     # a --force training stopped midway leaves the supernet it replaces whole; once done, only its own files
     with pytest.raises(KeyboardInterrupt):
-        train_and_save("tiny", str(data), "duo2", SupernetSettings(epochs=2, warmup_epochs=1), 1, members=1,
-                       force=True, on_epoch=stop_at(2))
+        train_and_save("tiny", str(data), "duo2", SupernetSettings(epochs=2, warmup_epochs=1), 1, members=2,
+                       force=True, on_epoch=stop_at(3))
+    assert (half / "member-0.pending.pt").is_file()
     nets, card = store.load_members("duo2", _space())
     assert card["members"] == 2 and all(torch.equal(nets[1].full.state_dict()[k], other[k]) for k in other)
     res = invoke(*train, "--name", "duo2", "--force", "--seed", 1)

@@ -89,6 +89,8 @@ def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed
             if not (folder / store.pending_file(m)).is_file():
                 raise UsageError(f"supernet '{name}': member {m}'s {store.pending_file(m)} is missing from "
                                  f"{folder}; --force a new training")
+    else:
+        store.remove_pending(folder)  # of a training replaced before it finished
     if on_start:
         on_start(settings.epochs * members, settings.epochs * member + (store.checkpoint_meta(folder)["epoch"]
                                                                          if resume else 0))

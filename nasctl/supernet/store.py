@@ -155,6 +155,12 @@ def pending_file(member: int) -> str:
     return f"member-{member}.pending.pt"
 
 
+def remove_pending(folder: Path) -> None:
+    """Members' weights left pending by a training that will not be resumed."""
+    for stale in Path(folder).glob("member-*.pending.pt"):
+        stale.unlink()
+
+
 def save_weights(folder: Path, net, member: int = 0) -> None:
     """Member `member`'s weights, pending until `save_card` (a supernet being replaced
     stays whole until the new one is done)."""
@@ -182,6 +188,7 @@ def save_card(folder: Path, card: dict) -> Path:
     for stale in folder.glob("weights-*.pt"):
         if stale.name not in files:
             stale.unlink()
+    remove_pending(folder)
     doc = {"format": 1 if len(files) == 1 else 2, **card, "files": {f: kept.sha256(folder / f) for f in files}}
     (folder / (CARD + ".tmp")).write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     os.replace(folder / (CARD + ".tmp"), folder / CARD)
