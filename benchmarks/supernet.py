@@ -27,8 +27,9 @@ the default one.
    (`--fronts-only`: the searches of an earlier run, their fronts retrained again).
 
     python benchmarks/supernet.py [--space ee-mbv2] [--workspace runs/supernet-bench/ws] [--name bench] \\
-        [--epochs E] [--members K [--member-counts 1,3]] [--train-labels] [--rounds 3] [--timing 8] [--sets tune,held] [--partial] [--search] \\
-        [--budget 2000] [--strategy nsga2] [--workers 1] [--default-json FILE] [--fronts-only]
+        [--epochs E] [--members K [--member-counts 1,3]] [--train-labels] [--rounds 3] [--timing 8] \\
+        [--sets tune,held,held2] [--partial] [--search] [--budget 2000] [--strategy nsga2] [--workers 1] \\
+        [--default-json FILE] [--fronts-only]
 """
 
 from __future__ import annotations
@@ -107,15 +108,21 @@ def timing(space, data, nets, args) -> None:
     sn, proxy = np.median(best, axis=1)
     ratios = best[1] / best[0]
     print(f"per candidate ({len(archs)} candidates, min over {args.rounds} interleaved rounds, median over "
-          f"candidates, one thread): supernet ({len(nets)} member{'s' * (len(nets) > 1)}) {sn * 1e3:.0f} ms, 5-epoch proxy training {proxy:.2f} s: "
+          f"candidates, one thread): supernet ({len(nets)} member{'s' * (len(nets) > 1)}) {sn * 1e3:.0f} ms, "
+          f"5-epoch proxy training {proxy:.2f} s: "
           f"{proxy / sn:.0f}x faster (per candidate {ratios.min():.0f}x - {ratios.max():.0f}x)")
+
+
+def label_file(base: Path, r: int) -> Path:
+    """The cache of the r-th training of a label set (`predictors_eenn.trainings`)."""
+    return base if r == 0 else base.with_name(f"{base.stem}-r{r}{base.suffix}")
 
 
 def complete(space, archs, base: Path, count: int) -> bool:
     from nasctl.spaces.base import arch_key
 
     for r in range(count):
-        path = base if r == 0 else base.with_name(f"{base.stem}-r{r}{base.suffix}")
+        path = label_file(base, r)
         if not path.is_file():
             return False
         with path.open(newline="") as f:
@@ -132,7 +139,7 @@ def partial(archs, base: Path, count: int):
 
     runs = []
     for r in range(count):
-        path = base if r == 0 else base.with_name(f"{base.stem}-r{r}{base.suffix}")
+        path = label_file(base, r)
         if path.is_file():
             with path.open(newline="") as f:
                 have = {row["arch"]: row for row in csv.DictReader(f)}
@@ -153,8 +160,7 @@ def self_agreement(archs, base: Path, count: int) -> str:
 
     runs = []
     for r in range(count):
-        path = base if r == 0 else base.with_name(f"{base.stem}-r{r}{base.suffix}")
-        with path.open(newline="") as f:
+        with label_file(base, r).open(newline="") as f:
             have = {row["arch"]: row for row in csv.DictReader(f)}
         runs.append([float(have[arch_key(a)]["accuracy"]) for a in archs])
     runs = np.array(runs)
@@ -200,7 +206,8 @@ def agreement(space, data, nets, args) -> None:
         for k in counts[:-1]:  # the first k members alone
             got = np.array([score_members(nets[:k], a, data, TrainSettings(threads=1), cal)[0].accuracy
                             for a in archs])
-            print(f"{label} set, the first {k} member{'s' * (k > 1)}: accuracy Kendall tau {kendall_tau(want, got):.3f}")
+            print(f"{label} set, the first {k} member{'s' * (k > 1)}: accuracy Kendall tau "
+                  f"{kendall_tau(want, got):.3f}")
         results = [score_members(nets, a, data, TrainSettings(threads=1), cal)[0] for a in archs]
         got = np.array([r.accuracy for r in results])
         line = [f"accuracy {kendall_tau(want, got):.3f}"]
