@@ -43,6 +43,9 @@ def main() -> None:
     X = np.array([space.to_indices(a) for a in archs])
     small = archs[: max(args.n // 10, 1)]
     print(f"{args.space} on {args.device}, {args.n} random candidates (best of 3)")
+    if not device.additive:
+        print(f"{args.device} prices a model as a whole as well (run overhead, working set): "
+              "path_costs prices each candidate's layers in one list, as layer by layer does")
     print(f"{'input':>10} {'layer by layer/s':>18} {'vectorised/s':>14} {'from indices/s':>16} {'ratio':>7}")
     for shape in [(1, 8, 8), (3, 32, 32)]:
         SearchSpace.path_costs(space, device, small, shape, 10)  # warm the per-layer cache

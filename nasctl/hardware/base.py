@@ -89,6 +89,14 @@ class CostModel(ABC):
     name: str
     models_energy: bool = True  # False for devices that model latency only
 
+    @property
+    def additive(self) -> bool:
+        """Whether a model's price is the sum of its layers' prices, each layer priced alone
+        (so a list of layers may be priced in pieces and the pieces added): true of a
+        device that keeps `CostModel.estimate`; one that overrides it is taken to price
+        something of the model as a whole unless it says otherwise."""
+        return type(self).estimate is CostModel.estimate
+
     def estimate(self, layers: Sequence[LayerSpec]) -> CostReport:
         costs: list[LayerCost] = []
         unsupported: Counter = Counter()

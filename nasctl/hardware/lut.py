@@ -1034,6 +1034,13 @@ class LutDevice(CostModel):
         return LayerCost(max(values[0] + overhead.per_layer_ms + offset, least),
                          values[1] if self.models_energy else None, how)
 
+    @property
+    def additive(self) -> bool:
+        """False where the spec prices something of a model as a whole: its run overhead,
+        working set or the weight bytes its classifiers stream."""
+        o = self.spec.overhead
+        return not (o.per_model_ms or o.working_set or o.weight_stream)
+
     def estimate(self, layers: Sequence[LayerSpec]) -> CostReport:
         self._price_new(layers)
         report = super().estimate(layers)

@@ -285,7 +285,13 @@ class Mbv2Space(SearchSpace):
     def path_costs(self, device, archs, input_shape, classes):
         """Vectorised over the batch (`archs`: architectures, or a matrix of knob indices as
         `to_indices` gives): each stage's cost is looked up in a table over the knobs it depends on (the previous stage's width and its own knobs), built once per
-        device and input shape from the device's per-layer prices."""
+        device and input shape from the device's per-layer prices.  A device that prices
+        a model as a whole as well (`CostModel.additive` false: a profiled CPU's run
+        overhead and working set) prices each architecture's layers in one list."""
+        if not device.additive:
+            if isinstance(archs, np.ndarray):
+                archs = [self.from_indices(row) for row in archs]
+            return SearchSpace.path_costs(self, device, archs, input_shape, classes)
         X = archs if isinstance(archs, np.ndarray) else np.array(
             [self.to_indices(a) for a in archs], dtype=np.int64).reshape(len(archs), -1)
         t = self._cost_tables(device, tuple(input_shape), classes)
