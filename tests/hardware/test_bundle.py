@@ -181,6 +181,22 @@ def test_results_that_do_not_match_the_bundle_are_one_line(measured, tmp_path, e
     assert not (ws / "hardware" / "t").exists()
 
 
+def test_results_need_alone_only_the_kernels_the_runner_times_alone():
+    # An int8 network's GELU as torch exports it: one kernel (k5) of four layers, each read
+    # from its own node, its erf profiled at 0.6 ms.  Attributed by node numbers (as a
+    # profile's rows are) the erf layer is long; the runner, which knows tags only, splits
+    # the kernel's 0.9 ms evenly and times none of it alone - so the results cannot hold it,
+    # and reading them must not ask for it (a 15,000-kernel bundle's results were refused so).
+    from nasctl.hardware.measure import runner
+
+    nodes = [("k4:conv_0", 0.2), ("k5:div_1", 0.1), ("k5:erf_2", 0.6), ("k5:add_3", 0.1), ("k5:mul_4", 0.1)]
+    tags, floats = [4, 5, 5, 5, 5], [True] * 5
+    numbered, _ = runner.attribute(nodes, tags, [0, 1, 2, 3, 4])
+    assert runner.long_kernels(numbered, tags, floats, 0.5) == {5: [2]}
+    assert runner.to_time_alone(nodes, tags, floats, 0.5) == {}
+    assert runner.to_time_alone(nodes, tags, floats, 0.2) == {5: [1, 2, 3, 4]}
+
+
 def test_bad_results_files_are_one_line(measured, tmp_path):
     folder, _ = measured
     ws = tmp_path / "ws"

@@ -294,7 +294,9 @@ def read_results(results: Path):
             if is_network:  # int8 kernels labelled fused or dequantized as the target ran them
                 layers = _as_run(layers, fusion_in_profile(layers, t.ops), fusion)
             m = measured_network(entry["description"], layers, t, long_ms)
-            need = runner.long_kernels(m.layer_ms, layer_tags(layers), floats(layers), long_ms)
+            # what the runner timed alone: by its own rule (the layers of a kernel read from
+            # several nodes split evenly), not by the node-numbered shares `m` holds
+            need = runner.to_time_alone(t.nodes, layer_tags(layers), floats(layers), long_ms)
             lacking = sorted(set(need) - {tag for tag, v in t.alone.items() if not math.isnan(v[0])})
             if lacking:
                 raise UsageError(f"{what}: kernel k{lacking[0]} of {name} (chunk {k}), timed alone, is missing")

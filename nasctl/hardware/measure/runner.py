@@ -337,6 +337,14 @@ def long_kernels(layer_ms: Sequence[float], layer_tags: Sequence[Optional[int]],
     return found
 
 
+def to_time_alone(nodes: Sequence[tuple[str, float]], layer_tags: Sequence[Optional[int]], floats: Sequence[bool],
+                  long_kernel_ms: float) -> dict[int, list[int]]:
+    """The long kernels (`long_kernels`) of a network profiled as `nodes`, its layers' times
+    attributed by their tags alone (a kernel of several layers split evenly): the kernels
+    a runner times alone, and those whose times a bundle's results must hold."""
+    return long_kernels(attribute(nodes, layer_tags)[0], layer_tags, floats, long_kernel_ms)
+
+
 @dataclass
 class Network:
     """A network to measure: its file, its layers' kernel tags and which of them are float
@@ -398,8 +406,7 @@ def measure_chunk(networks: Sequence[Network], protocol: Protocol, workdir: Path
                 for i, ((nd, ops), ms) in enumerate(zip(profiles, latency))]
     todo, paths = [], []
     for i, (net, m) in enumerate(zip(networks, measured)):
-        layer_ms, _ = attribute(m.nodes, net.layer_tags)
-        for tag in long_kernels(layer_ms, net.layer_tags, net.floats, long_kernel_ms):
+        for tag in to_time_alone(m.nodes, net.layer_tags, net.floats, long_kernel_ms):
             todo.append((i, tag))
             paths.append(net.alone(tag))
     if paths:
