@@ -288,7 +288,7 @@ class Mbv2Space(SearchSpace):
         device and input shape from the device's per-layer prices.  A device that prices
         a model as a whole as well (`CostModel.additive` false: a profiled CPU's run
         overhead and working set) prices each architecture's layers in one list."""
-        if not device.additive:
+        if not getattr(device, "additive", False):  # a device without the property: priced whole
             if isinstance(archs, np.ndarray):
                 archs = [self.from_indices(row) for row in archs]
             return SearchSpace.path_costs(self, device, archs, input_shape, classes)
