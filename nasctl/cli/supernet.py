@@ -46,6 +46,7 @@ def train(
     (mbv2) or depth, width, heads, MLP ratio, patch size and stem (vit), every early exit and
     every searchable bit width; saved with a card and a checkpoint per epoch."""
     from ..supernet import train_and_save
+    from ..supernet.store import members as members_of
     from ..supernet.train import SupernetSettings
 
     settings = SupernetSettings(epochs=epochs, batch_size=batch_size, lr=lr, random_subnets=random_subnets,
@@ -71,7 +72,7 @@ def train(
     if as_json:
         return print_json({"path": str(folder), **card})
     epochs = card["epochs_done"]
-    k = card.get("members", 1)
+    k = members_of(card)
     out.print(f"supernet '{card['name']}' of space '{card['space']}'{f' ({k} members)' if k > 1 else ''} trained "
               f"for {epochs} epoch{'s' * (epochs != 1)}{' each' if k > 1 else ''} in {card['train_seconds']:.0f} s: "
               f"{folder}")
@@ -88,14 +89,14 @@ def _space_name(space: str) -> str:
 @app.command("list")
 def list_supernets(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False):
     """List the saved supernets and where each comes from."""
-    from ..supernet.store import read_card, saved
+    from ..supernet.store import members, read_card, saved
 
     rows = []
     for s in saved():
         card = read_card(s.path)
         rows.append({"name": s.name, "space": card["space"], "dataset": card["dataset"].get("name"),
                      "split_seed": card["dataset"].get("split_seed"), "epochs": card.get("epochs_done"),
-                     "members": card.get("members", 1), "origin": s.origin, "path": str(s.path)})
+                     "members": members(card), "origin": s.origin, "path": str(s.path)})
     print_rows(rows, {"name": "name", "space": "space", "dataset": "dataset", "split_seed": "split seed",
                       "epochs": "epochs", "members": "members", "origin": "origin", "path": "path"}, as_json)
 
