@@ -11,12 +11,14 @@ the plugin's distribution and version.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import UsageError
 
 DATA_FOLDERS = ("search_spaces", "hardware", "predictors", "presets")
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # what the user names: a folder, and NAME in kind:NAME
 _PACKAGE = Path(__file__).resolve().parent
 _explicit: Path | None = None
 
@@ -187,8 +189,9 @@ def new_entry(folder: str, name: str, what: str) -> Path:
     if root.origin not in ("workspace", "project"):
         raise UsageError(f"no workspace to save the {what} into: give --workspace DIR (or set NASCTL_WORKSPACE), "
                          "or run inside a project whose pyproject.toml has a [tool.nasctl] table")
-    if not name or "/" in name or "\\" in name or name.startswith("."):
-        raise UsageError(f"{what} name '{name}' must be a plain name (letters, digits, - and _)")
+    if not PLAIN_NAME.fullmatch(name):
+        raise UsageError(f"{what} name '{name}' must be a plain name: letters, digits, '-', '_' and '.', starting "
+                         "with a letter, digit or '_'")
     path = root.path / folder / name
     if path.exists() and not path.is_dir():
         raise UsageError(f"cannot write the {what} '{name}': {path} is a file, not a folder; remove it or choose "

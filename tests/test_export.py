@@ -227,6 +227,22 @@ def test_bad_input_is_one_line(run, tmp_path):
     one_line_error(invoke("eval", out), 2, "not an export folder")
 
 
+def test_an_export_is_not_written_over_another_trials_or_into_a_file(run, tmp_path):
+    first, second = run.trials[0]["trial"], run.trials[1]["trial"]
+    out = tmp_path / "e"
+    _export(run, first, out)
+    before = (out / "model.onnx").read_bytes()
+    one_line_error(invoke("export", run.run_dir, "--trial", second, "--out", out), 2,
+                   f"holds the export of trial {first} of run")
+    assert (out / "model.onnx").read_bytes() == before
+    _export(run, first, out)  # the same trial again: replaced
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    one_line_error(invoke("export", run.run_dir, "--trial", first, "--out", afile), 2, "is a file, not a folder")
+    one_line_error(invoke("export", run.run_dir, "--trial", first, "--out", afile / "sub"), 2,
+                   "cannot write the export to --out")
+
+
 def test_a_failed_trial_is_refused_in_one_line(tmp_path):
     """A candidate the device cannot price fails; exporting it says so."""
     import optuna

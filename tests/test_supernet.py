@@ -217,6 +217,58 @@ def test_a_resumed_training_ends_with_the_weights_of_an_uninterrupted_one(traine
     one_line_error(invoke(*train, "--resume"), 2, "no checkpoint")
 
 
+def test_broken_cards_checkpoints_and_out_of_range_settings_are_refused_in_one_line(trained, tmp_path):
+    ws, data, _ = trained
+    ws = Path(shutil.copytree(ws, tmp_path / "ws"))
+    good = yaml.safe_load((ws / "supernets" / "sn" / "card.yaml").read_text(encoding="utf-8"))
+    for name, change, text in [("b1", {"input_shape": "abc"}, "input_shape: 'abc'"),
+                               ("b2", {"input_shape": None}, "input_shape: None"),
+                               ("b3", {"classes": "ten"}, "classes: 'ten'"),
+                               ("b4", {"classes": -1}, "classes: -1"),
+                               ("b5", {"dataset": "digits"}, "dataset: 'digits' is not a mapping")]:
+        shutil.copytree(ws / "supernets" / "sn", ws / "supernets" / name)
+        (ws / "supernets" / name / "card.yaml").write_text(yaml.safe_dump({**good, **change}), encoding="utf-8")
+        one_line_error(invoke("--workspace", ws, "search", "--space", "tiny", "--dataset", data,
+                              "--accuracy", f"supernet:{name}", "--budget", 2), 2, text)
+    res = invoke("--workspace", ws, "supernet", "list", "--json")  # the good one listed, the broken ones named
+    assert res.exit_code == 0, res.output
+    rows = {r["name"]: r for r in json.loads(res.stdout)}
+    assert rows["sn"]["space"] == "tiny" and rows["b5"]["space"] == "(unreadable)"
+    assert "supernet 'b5' is unreadable" in res.stderr
+    train = ("--workspace", ws, "supernet", "train", "--space", "tiny", "--dataset", data, "--epochs", 1)
+    for bad, text in [(("--seed", 2**32), "--seed"), (("--lr", "inf"), "--lr"), (("--name", "has space"), "plain name"),
+                      (("--name", "a:b"), "plain name"), (("--name", ""), "plain name")]:
+        one_line_error(invoke(*train, *bad), 2, text)
+    # an unfinished training: its checkpoint record or weights broken, or --epochs below what it has done
+    from nasctl import workspace
+    from nasctl.supernet import train_and_save
+    from nasctl.supernet.train import SupernetSettings
+
+    workspace.set_workspace(ws)
+
+    def stop(done, loss):
+        if done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_and_save("tiny", str(data), "cut", SupernetSettings(epochs=3, warmup_epochs=1), 0, on_epoch=stop)
+    folder = ws / "supernets" / "cut"
+    resume = ("--workspace", ws, "supernet", "train", "--space", "tiny", "--dataset", data, "--name", "cut",
+              "--warmup-epochs", 1, "--resume")
+    one_line_error(invoke(*resume, "--epochs", 1), 2, "trained 2 epochs already; allowed: --epochs 2 or more")
+    meta = (folder / "checkpoint.json").read_text(encoding="utf-8")
+    for broken, text in [('{"epoch": ', "not a readable checkpoint record"), ("[]", "not a checkpoint record")]:
+        (folder / "checkpoint.json").write_text(broken, encoding="utf-8")
+        one_line_error(invoke(*resume), 2, text)
+    (folder / "checkpoint.json").write_text(meta, encoding="utf-8")
+    weights = (folder / "checkpoint.pt").read_bytes()
+    (folder / "checkpoint.pt").write_bytes(weights[:1000])
+    one_line_error(invoke(*resume), 2, "checkpoint.pt is not a readable torch state_dict")
+    (folder / "checkpoint.pt").write_bytes(weights)
+    res = invoke(*resume)
+    assert res.exit_code == 0, res.output
+
+
 def test_a_supernet_for_another_space_or_a_changed_space_is_refused_in_one_line(trained, tmp_path):
     ws, data, _ = trained
     one_line_error(invoke("--workspace", ws, "search", "--space", "ee-mbv2", "--dataset", data,

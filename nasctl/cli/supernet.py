@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+
+from ..config import SEED_LIMIT
 from .render import err, out, print_json, print_rows
 
 app = typer.Typer(no_args_is_help=True,
@@ -24,10 +26,11 @@ def train(
     name: Annotated[Optional[str], typer.Option(
         help="Name to save it under (supernets/NAME/ in the workspace). [default: the space's name]",
         show_default=False)] = None,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of every random choice, and of the dataset split "
-                                                  "(a search using it must split by the same --seed).")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=SEED_LIMIT - 1,
+                                      help="Seed of every random choice, and of the dataset split "
+                                           "(a search using it must split by the same --seed).")] = 0,
     batch_size: Annotated[int, typer.Option(min=1, help="Mini-batch size.")] = 64,
-    lr: Annotated[float, typer.Option(min=0.0, help="Peak learning rate (AdamW, cosine decay).")] = 5e-3,
+    lr: Annotated[float, typer.Option(min=0.0, max=10.0, help="Peak learning rate (AdamW, cosine decay).")] = 5e-3,
     random_subnets: Annotated[int, typer.Option(min=0, help="Sampled sub-networks per step.")] = 2,
     distill: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of a smaller sub-network's loss "
                                                                   "distilled from the largest one.")] = 0.5,
@@ -65,7 +68,8 @@ def train(
         progress.update(task["id"], completed=done, description=f"loss {loss:.3f}")
 
     try:
-        folder, card = train_and_save(space, dataset, name or _space_name(space), settings, seed, members=members,
+        folder, card = train_and_save(space, dataset, _space_name(space) if name is None else name, settings, seed,
+                                      members=members,
                                       resume=resume, force=force, on_start=start, on_epoch=epoch)
     finally:
         progress.stop()
@@ -88,12 +92,20 @@ def _space_name(space: str) -> str:
 
 @app.command("list")
 def list_supernets(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False):
-    """List the saved supernets and where each comes from."""
+    """List the saved supernets and where each comes from (one whose card cannot be read is
+    listed with the reason, on stderr)."""
+    from ..errors import NasctlError
     from ..supernet.store import members, read_card, saved
 
     rows = []
     for s in saved():
-        card = read_card(s.path)
+        try:
+            card = read_card(s.path)
+        except NasctlError as e:
+            err.print(f"warning: supernet '{s.name}' is unreadable: {e}", soft_wrap=True, markup=False)
+            rows.append({"name": s.name, "space": "(unreadable)", "dataset": None, "split_seed": None, "epochs": None,
+                         "members": None, "origin": s.origin, "path": str(s.path)})
+            continue
         rows.append({"name": s.name, "space": card["space"], "dataset": card["dataset"].get("name"),
                      "split_seed": card["dataset"].get("split_seed"), "epochs": card.get("epochs_done"),
                      "members": members(card), "origin": s.origin, "path": str(s.path)})

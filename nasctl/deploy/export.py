@@ -172,6 +172,8 @@ def export_trial(run_name: str, trial: int, out: Optional[Path] = None, *, retra
     meta = kept.read_meta(folder)
     if epochs is not None and not retrain:
         raise UsageError("--epochs sets the retraining's epochs: give it with --retrain")
+    out = Path(out) if out is not None else run.path / EXPORTS / (f"trial-{trial}" + ("-retrained" if retrain else ""))
+    _check_out(out, run.id, trial)  # before any retraining, which a folder it cannot write would waste
     if retrain:
         epochs = epochs if epochs is not None else RETRAIN_FACTOR * int(meta["training"]["epochs"])
         if epochs < 1:
@@ -196,8 +198,6 @@ def export_trial(run_name: str, trial: int, out: Optional[Path] = None, *, retra
                                          "recalibrated", epochs=meta["supernet"].get("finetune_epochs", 0),
                                  supernet=meta["supernet"])
         state = None
-    out = Path(out) if out is not None else run.path / EXPORTS / (f"trial-{trial}" + ("-retrained" if retrain else ""))
-    out.mkdir(parents=True, exist_ok=True)
     model = build_graph(net, meta["input_shape"], meta["classes"], meta["exits"], thresholds,
                         meta["exit_policy"], doc=f"nasctl export of trial {trial} of run {run.id}")
     onnx.save(model, out / ONNX_FILE)
@@ -289,6 +289,27 @@ def _write_card(out: Path, card: dict) -> None:
     import yaml
 
     (out / CARD).write_text(yaml.safe_dump(card, sort_keys=False), encoding="utf-8")
+
+
+def _check_out(out: Path, run_id: str, trial: int) -> None:
+    """Make the export folder `out`, refusing, in one line, a path that is not a folder it
+    can write, or a folder holding another trial's export (which writing would replace)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder; give a folder to write the export into")
+    if (out / CARD).is_file():
+        try:
+            held = read_card(out, check_files=False)["run"]
+            theirs = (str(held["id"]), int(held["trial"]))
+        except (UsageError, KeyError, TypeError, ValueError):
+            theirs = None
+        if theirs != (str(run_id), trial):
+            what = f"trial {theirs[1]} of run '{theirs[0]}'" if theirs else "an export this one cannot read"
+            raise UsageError(f"--out {out} holds the export of {what}; give another --out, or remove that "
+                             "folder first")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot write the export to --out {out}: {e.strerror or e}") from None
 
 
 def read_card(folder: Path, check_files: bool = True) -> dict:

@@ -94,7 +94,9 @@ def load_weights(path: Path, expected_sha256: str | None = None) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
-        raise UsageError(f"{path} is not a readable torch state_dict: {' '.join(str(e).split())[:200]}") from None
+        reason = " ".join(str(e).split())
+        reason = f"{type(e).__name__}: {reason}" if reason and len(reason) > 8 else type(e).__name__
+        raise UsageError(f"{path} is not a readable torch state_dict ({reason[:200]})") from None
     if not isinstance(state, dict):
         raise UsageError(f"{path} holds a {type(state).__name__}, not a state_dict")
     return state

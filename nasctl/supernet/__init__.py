@@ -80,6 +80,9 @@ def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed
                 raise UsageError(f"supernet '{name}': --resume with another {key}{given} than its checkpoint's "
                                  f"({mine}); continue with the same settings, or --force a new one")
         member, spent = int(meta.get("member", 0)), float(meta.get("train_seconds", 0.0))
+        if settings.epochs < meta["epoch"]:
+            raise UsageError(f"supernet '{name}': --resume with --epochs {settings.epochs}, but member {member} has "
+                             f"trained {meta['epoch']} epochs already; allowed: --epochs {meta['epoch']} or more")
         planned = meta["settings"].get("epochs")
         if member > 0 and planned != settings.epochs:
             raise UsageError(f"supernet '{name}': --resume with --epochs {settings.epochs}, but its members before "

@@ -69,6 +69,15 @@ def read_card(folder: Path) -> dict:
     for key in ("space", "space_hash", "input_shape", "classes", "dataset", "files"):
         if key not in card:
             raise ConfigError(f"{Path(folder) / CARD}: {key}: missing")
+    shape, classes, dataset = card["input_shape"], card["classes"], card["dataset"]
+    if not (isinstance(shape, list) and len(shape) == 3
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
+        raise ConfigError(f"{Path(folder) / CARD}: input_shape: {shape!r} is not three positive whole numbers "
+                          "(channels, height, width)")
+    if isinstance(classes, bool) or not isinstance(classes, int) or classes < 2:
+        raise ConfigError(f"{Path(folder) / CARD}: classes: {classes!r} is not a whole number of at least 2")
+    if not isinstance(dataset, dict):
+        raise ConfigError(f"{Path(folder) / CARD}: dataset: {dataset!r} is not a mapping (name, split_seed, ...)")
     k = card.get("members", 1)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"{Path(folder) / CARD}: members: {k!r} is not a whole number of at least 1")
@@ -82,6 +91,9 @@ def read_card(folder: Path) -> dict:
 
 def check_fits(card: dict, name: str, space) -> None:
     """One line where the supernet was trained for another space or another version of it."""
+    from .elastic import base_space
+
+    base_space(space)  # a space of a kind supernets do not cover: say so, not "train one for it"
     if card["space"] != space.name:
         raise UsageError(f"supernet '{name}' was trained for space '{card['space']}', not '{space.name}'; "
                          f"train one for it with `nasctl supernet train --space {space.name}`")
@@ -212,18 +224,34 @@ def save_checkpoint(folder: Path, net, opt, epoch: int, meta: dict) -> None:
 
 
 def checkpoint_meta(folder: Path) -> dict:
-    """What a folder's checkpoint records: its epoch, settings, seed, space and data."""
-    return json.loads((Path(folder) / CHECKPOINT_META).read_text(encoding="utf-8"))
+    """What a folder's checkpoint records: its epoch, settings, seed, space and data; a
+    one-line error where the file is not such a record."""
+    path = Path(folder) / CHECKPOINT_META
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"{path} is not a readable checkpoint record ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:120]}); --force a new training") from None
+    epoch = meta.get("epoch") if isinstance(meta, dict) else None
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise UsageError(f"{path} is not a checkpoint record: "
+                         + ("not a JSON object" if not isinstance(meta, dict) else f"epoch: {epoch!r}")
+                         + "; --force a new training")
+    return meta
 
 
 def load_checkpoint(folder: Path, net) -> tuple[int, dict, dict]:
     """(epochs done, the optimizer state to load, the checkpoint's meta) from a folder's
     checkpoint into `net`."""
-    import torch
+    from ..evaluation import kept
 
     meta = checkpoint_meta(folder)
-    tensors = torch.load(folder / CHECKPOINT, map_location="cpu", weights_only=True)
-    net.full.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+    tensors = kept.load_weights(folder / CHECKPOINT)
+    try:
+        net.full.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+    except RuntimeError as e:
+        raise UsageError(f"{folder / CHECKPOINT} does not hold this space's supernet "
+                         f"({' '.join(str(e).split())[:160]}); --force a new training") from None
     params = [n for n, _ in net.named_parameters()]
     state = {}
     for i, n in enumerate(params):
