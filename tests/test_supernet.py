@@ -207,7 +207,8 @@ def test_a_resumed_training_ends_with_the_weights_of_an_uninterrupted_one(traine
     assert (folder / "checkpoint.pt").is_file() and not (folder / "card.yaml").exists()
     train = ("--workspace", ws, "supernet", "train", "--space", "tiny", "--dataset", data, "--name", "half")
     one_line_error(invoke(*train), 2, "exists")
-    one_line_error(invoke(*train, "--resume", "--lr", 0.1), 2, "another settings")
+    one_line_error(invoke(*train, "--resume", "--lr", 0.1), 2, "another lr 0.1, warmup_epochs 2 than its checkpoint's (0.005, 1)")
+    one_line_error(invoke(*train, "--resume", "--seed", 3), 2, "another seed 3 than its checkpoint's (0)")
     res = invoke(*train, "--warmup-epochs", 1, "--resume")  # its own 2 epochs, not the space kind's 10
     assert res.exit_code == 0, res.output
     a = torch.load(folder / "weights.pt", weights_only=True)

@@ -130,6 +130,9 @@ class _BatchUnpickler(pickle.Unpickler):
 
 
 def _npz(path: Path, rng: np.random.Generator) -> Dataset:
+    if path.is_file() and not zipfile.is_zipfile(path):  # np.load would try it as a pickle, and say so
+        raise UsageError(f"dataset file '{path}' is not a .npz archive (made by numpy.savez); it holds "
+                         "x_train, y_train, x_test, y_test")
     try:
         f = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:

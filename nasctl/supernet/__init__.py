@@ -69,16 +69,15 @@ def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed
                         "train_sha256": store.data_hash(data)},
             "input_shape": list(data.input_shape), "classes": data.classes,
             "normalisation": data.normalisation, "seed": seed, "members": members, "settings": settings.as_dict()}
-    kept_keys = ("space_hash", "dataset", "seed", "members", "settings")
+    kept_keys = ("space_hash", "seed", "dataset", "members", "settings")  # checked in this order on --resume
     member, spent = 0, 0.0
     if resume:
         meta = store.checkpoint_meta(folder)
         for key in kept_keys:
             mine = meta.get(key, 1) if key == "members" else meta.get(key)  # checkpoints before --members
             if mine != card[key] and not (key == "settings" and _same_but_epochs(mine, card[key])):
-                given = f" {card[key]}" if key == "members" else ""
-                raise UsageError(f"supernet '{name}': --resume with another {key}{given} than its checkpoint's "
-                                 f"({mine}); continue with the same settings, or --force a new one")
+                raise UsageError(f"supernet '{name}': --resume with another {_difference(key, mine, card[key])}; "
+                                 "continue with the same settings, or --force a new one")
         member, spent = int(meta.get("member", 0)), float(meta.get("train_seconds", 0.0))
         if settings.epochs < meta["epoch"]:
             raise UsageError(f"supernet '{name}': --resume with --epochs {settings.epochs}, but member {member} has "
@@ -122,6 +121,17 @@ def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed
     store.save_card(folder, card)
     store.remove_checkpoint(folder)
     return folder, store.read_card(folder)
+
+
+def _difference(key: str, checkpoint, given) -> str:
+    """What a resumed training changes: 'lr 0.01 than its checkpoint's 0.005', a setting or
+    dataset field by field."""
+    if isinstance(checkpoint, dict) and isinstance(given, dict):
+        fields = [k for k in {**checkpoint, **given} if checkpoint.get(k) != given.get(k) and k != "epochs"]
+        if fields:
+            return ", ".join(f"{'' if key == 'settings' else key + ' '}{k} {given.get(k)!r}" for k in fields) + \
+                   " than its checkpoint's (" + ", ".join(f"{checkpoint.get(k)!r}" for k in fields) + ")"
+    return f"{key} {given!r} than its checkpoint's ({checkpoint!r})"
 
 
 def _same_but_epochs(a: dict, b: dict) -> bool:
