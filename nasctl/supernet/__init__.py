@@ -124,8 +124,8 @@ def train_and_save(space_name: str, dataset_spec: str, name: str, settings, seed
 
 
 def _difference(key: str, checkpoint, given) -> str:
-    """What a resumed training changes: 'lr 0.01 than its checkpoint's 0.005', a setting or
-    dataset field by field."""
+    """What a resumed training changes, for the error: "lr 0.01 than its checkpoint's (0.005)",
+    settings and dataset field by field."""
     if isinstance(checkpoint, dict) and isinstance(given, dict):
         fields = [k for k in {**checkpoint, **given} if checkpoint.get(k) != given.get(k) and k != "epochs"]
         if fields:
