@@ -226,8 +226,8 @@ def _read_trials(path: Path, objectives: Sequence[str]) -> list[dict]:
         if not isinstance(row["feasible"], bool):
             raise ConfigError(f"{where}: feasible '{row['feasible']}' is neither true nor false")
         for o in objectives:
-            if isinstance(row[o], bool) or not isinstance(row[o], (int, float)) or math.isnan(row[o]):
-                raise ConfigError(f"{where}: {o} '{row[o] if row[o] is not None else ''}' is not a number")
+            if isinstance(row[o], bool) or not isinstance(row[o], (int, float)) or not math.isfinite(row[o]):
+                raise ConfigError(f"{where}: {o} '{row[o] if row[o] is not None else ''}' is not a finite number")
         try:
             arch = json.loads(row["arch"])
         except json.JSONDecodeError:
@@ -342,10 +342,22 @@ def summarise(run: Run) -> dict:
 
 
 def write_summary(run_dir: str | Path | Run) -> dict:
-    """Summarise a run and store it as summary.json in its folder; returns the summary."""
+    """Summarise a run and store it as summary.json in its folder; returns the summary.  A
+    summary.json recording more trials than the run now holds (a run only grows: its files
+    were damaged or cut short) is left as it is, with a warning, so that its reference
+    point survives."""
     run = run_dir if isinstance(run_dir, Run) else load(run_dir)
     summary = summarise(run)
-    (run.path / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    path = run.path / SUMMARY_FILE
+    try:
+        before = json.loads(path.read_text(encoding="utf-8")).get("trials") if path.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        before = None
+    if isinstance(before, int) and not isinstance(before, bool) and before > len(run.trials):
+        sys.stderr.write(f"warning: {path} records {before} trials but the run now holds {len(run.trials)} (its "
+                         f"trials.csv or study damaged or cut short?); {SUMMARY_FILE} is left as it was\n")
+        return summary
+    path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
 
 

@@ -101,8 +101,8 @@ def find_run(name: str) -> Path:
     for candidate in (Path(name), workspace.runs_folder() / name):
         if (candidate / "config.yaml").is_file():
             return candidate
-    raise UsageError(f"run '{name}' not found: no config.yaml in '{name}' nor in "
-                     f"'{workspace.runs_folder() / name}'")
+    places = dict.fromkeys(str(p) for p in (Path(name), workspace.runs_folder() / name))  # one, where a path
+    raise UsageError(f"run '{name}' not found: no config.yaml in " + " nor in ".join(f"'{p}'" for p in places))
 
 
 def read_run_config(run_dir: Path) -> dict:

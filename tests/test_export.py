@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import yaml
 
 from tests.cli.cli_helpers import SMALL_SPACE, SMALL_VIT, invoke, one_line_error
 
@@ -241,6 +242,18 @@ def test_an_export_is_not_written_over_another_trials_or_into_a_file(run, tmp_pa
     one_line_error(invoke("export", run.run_dir, "--trial", first, "--out", afile), 2, "is a file, not a folder")
     one_line_error(invoke("export", run.run_dir, "--trial", first, "--out", afile / "sub"), 2,
                    "cannot write the export to --out")
+    # retraining on data of another shape is refused before it starts, and leaves no empty folder
+    rgb = tmp_path / "rgb.npz"
+    np.savez(rgb, x_train=np.zeros((40, 32, 32, 3), np.uint8), y_train=np.arange(40) % 10,
+             x_test=np.zeros((10, 32, 32, 3), np.uint8), y_test=np.arange(10))
+    one_line_error(invoke("export", run.run_dir, "--trial", first, "--out", tmp_path / "new", "--retrain",
+                          "--dataset", rgb), 2, "has inputs [3, 32, 32] and 10 classes; the model takes [1, 8, 8]")
+    assert not (tmp_path / "new").exists()
+    # an export card with a split seed out of range
+    card = yaml.safe_load((out / "card.yaml").read_text(encoding="utf-8"))
+    card["dataset"]["split_seed"] = -5
+    (out / "card.yaml").write_text(yaml.safe_dump(card, sort_keys=False), encoding="utf-8")
+    one_line_error(invoke("eval", out), 2, "split_seed -5 is not a whole number in 0")
 
 
 def test_a_failed_trial_is_refused_in_one_line(tmp_path):

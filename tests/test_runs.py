@@ -98,6 +98,17 @@ def test_reference_point_is_stored_and_reread(tmp_path):
     assert runs.write_summary(path)["reference_point"] == pytest.approx({"accuracy": 79.0, "edp": 2.1})
 
 
+def test_a_run_that_lost_trials_leaves_its_summary_and_reference_point_alone(tmp_path, capsys):
+    path = make_run(tmp_path / "r", [(90, 2.0), (80, 1.0), (85, 1.5)])
+    runs.write_summary(path)
+    stored = (path / runs.SUMMARY_FILE).read_text()
+    lines = (path / "trials.csv").read_text().splitlines(keepends=True)
+    (path / "trials.csv").write_text("".join(lines[:2]))  # cut short: one trial left
+    assert runs.write_summary(path)["trials"] == 1
+    assert (path / runs.SUMMARY_FILE).read_text() == stored
+    assert "records 3 trials but the run now holds 1" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ reading trials.csv
 
 def test_a_trial_still_being_written_is_left_out(tmp_path):
@@ -117,7 +128,8 @@ def test_a_run_with_no_trials_yet_reads(tmp_path):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda text: text.replace("true,0.1\n", "true\n", 1), "line 2: 9 fields where the header has 10"),
-    (lambda text: text.replace(",2,1000,", ",fast,1000,", 1), "line 2: edp 'fast' is not a number"),
+    (lambda text: text.replace(",2,1000,", ",fast,1000,", 1), "line 2: edp 'fast' is not a finite number"),
+    (lambda text: text.replace(",2,1000,", ",inf,1000,", 1), "line 2: edp 'inf' is not a finite number"),
     (lambda text: text.replace("true", "maybe", 1), "line 2: feasible 'maybe' is neither true nor false"),
     (lambda text: text.replace("accuracy,", "acc,", 1), "line 1: header lacks column(s) accuracy"),
     (lambda text: text.replace('"{', '"[', 1).replace('}"', ']"', 1), "line 2: arch is not a JSON object"),

@@ -3,6 +3,7 @@ root options (--workspace, --version) and the handling of library warnings."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import warnings
@@ -18,7 +19,8 @@ from ..errors import NasctlError
 
 
 class NasctlGroup(TyperGroup):
-    """Turns user errors into one line on stderr and an exit code; bugs keep their traceback."""
+    """Turns user errors into one line on stderr and an exit code (a file the user named that
+    cannot be read or written included); bugs keep their traceback."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         try:
@@ -42,11 +44,22 @@ class NasctlGroup(TyperGroup):
             if not standalone_mode:
                 raise
             _fail(str(e), e.exit_code)
+        except OSError as e:  # a path the user gave that cannot be read or written: a folder, a full disk, ...
+            if not standalone_mode:
+                raise
+            names = " -> ".join(f"'{f}'" for f in (e.filename, e.filename2) if f is not None)
+            reason = e.strerror or " ".join(str(e).split()) or type(e).__name__
+            _fail(f"cannot use {names}: {reason}" if names else f"{reason} (writing or reading a file)",
+                  2 if e.errno in PATH_ERRORS and names else 1)
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
+# errors of a path the user chose (exit 2, bad input); other OSErrors with a file name, such as
+# a full disk, exit 1
+PATH_ERRORS = {errno.EISDIR, errno.ENOTDIR, errno.ENOENT, errno.EEXIST, errno.EACCES, errno.EPERM, errno.EROFS,
+               errno.ENAMETOOLONG}
 WARNINGS_ENV = "NASCTL_WARNINGS"
 
 

@@ -92,6 +92,10 @@ def train(
     n = len(rows.archs)
     if n < predictor.min_rows:
         raise UsageError(f"data '{data}' has {n} usable rows; model '{model}' needs at least {predictor.min_rows}")
+    flat = [t for j, t in enumerate(rows.targets) if rows.Y[:, j].min() == rows.Y[:, j].max()]
+    if flat:
+        raise UsageError(f"data '{data}': target '{flat[0]}' is {rows.Y[0, rows.targets.index(flat[0])]:g} in every "
+                         "row; a predictor needs targets that differ to learn which architectures do better")
     Y = rows.Y if len(rows.targets) > 1 else rows.Y[:, 0]
     metrics: dict = {}
     with err.status(f"training {model} on {n} architectures"):
@@ -168,6 +172,9 @@ def evaluate(
     predictor = load_predictor(name)
     targets = _card(name).get("target") or []
     rows = read(data, predictor.space, [] if is_table(data) else targets)
+    if targets and rows.targets != targets:
+        raise UsageError(f"predictor '{name}' predicts {', '.join(targets)}; data '{data}' gives "
+                         f"{', '.join(rows.targets)}: evaluate it on its own target")
     if len(rows.targets) != predictor.targets:
         raise UsageError(f"predictor '{name}' predicts {predictor.targets} target(s) ({', '.join(targets)}); "
                          f"data '{data}' gives {len(rows.targets)}")
@@ -187,12 +194,18 @@ def _card(name: str) -> dict:
 
 @app.command("list")
 def list_predictors(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False):
-    """List the saved predictors and where each comes from."""
+    """List the saved predictors and where each comes from (one whose card cannot be read is
+    listed with the reason, on stderr)."""
+    from ..errors import NasctlError
     from ..predictors.store import read_card, saved
 
     rows = []
     for s in saved():
-        card = read_card(s.path)
+        try:
+            card = read_card(s.path)
+        except NasctlError as e:
+            err.print(f"warning: predictor '{s.name}' is unreadable: {e}", soft_wrap=True, markup=False)
+            card = {"model": "(unreadable)"}
         rows.append({"name": s.name, "model": card.get("model"), "space": card.get("space"),
                      "target": ",".join(card.get("target") or []), "rows": (card.get("data") or {}).get("rows"),
                      "origin": s.origin, "path": str(s.path)})

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ..config import SEED_LIMIT
 from ..errors import UsageError
 from ..evaluation import kept
 
@@ -117,6 +118,13 @@ def _exportable(space):
     return space
 
 
+def _check_data(data, name: str, input_shape, classes: int) -> None:
+    """One line where a dataset's inputs or classes are not the model's."""
+    if tuple(data.input_shape) != tuple(input_shape) or data.classes != classes:
+        raise UsageError(f"dataset '{name}' has inputs {list(data.input_shape)} and {data.classes} classes; the "
+                         f"model takes {list(input_shape)} and {classes}")
+
+
 def _retrain(meta: dict, epochs: int, dataset: Optional[str], on_epoch: Optional[Callable] = None):
     """Train the architecture from scratch on the training and validation splits for
     `epochs`, calibrate its thresholds on the validation split (inputs it has now seen)
@@ -129,6 +137,7 @@ def _retrain(meta: dict, epochs: int, dataset: Optional[str], on_epoch: Optional
     from ..spaces.loader import load_space
 
     data = load_dataset(dataset or meta["dataset"]["name"], meta["dataset"]["split_seed"])
+    _check_data(data, dataset or meta["dataset"]["name"], meta["input_shape"], meta["classes"])
     both = type(data)(**{**data.__dict__, "x_train": np.concatenate([data.x_train, data.x_val]),
                          "y_train": np.concatenate([data.y_train, data.y_val])})
     t = meta["training"]
@@ -150,10 +159,7 @@ def _retrain(meta: dict, epochs: int, dataset: Optional[str], on_epoch: Optional
 def export_trial(run_name: str, trial: int, out: Optional[Path] = None, *, retrain: bool = False,
                  epochs: Optional[int] = None, dataset: Optional[str] = None) -> tuple[Path, dict]:
     """Write trial `trial` of a run as an export folder; (the folder, its card)."""
-    import onnx
-
     from ..runs import load as load_run
-    from .onnx_graph import build_graph
 
     t0 = time.perf_counter()
     run = load_run(run_name)
@@ -173,7 +179,21 @@ def export_trial(run_name: str, trial: int, out: Optional[Path] = None, *, retra
     if epochs is not None and not retrain:
         raise UsageError("--epochs sets the retraining's epochs: give it with --retrain")
     out = Path(out) if out is not None else run.path / EXPORTS / (f"trial-{trial}" + ("-retrained" if retrain else ""))
-    _check_out(out, run.id, trial)  # before any retraining, which a folder it cannot write would waste
+    made = _check_out(out, run.id, trial)  # before any retraining, which a folder it cannot write would waste
+    try:
+        return _export(run, trial, row, meta, folder, out, retrain, epochs, dataset, t0)
+    except BaseException:
+        if made and not any(out.iterdir()):
+            out.rmdir()  # the folder this export made, left empty
+        raise
+
+
+def _export(run, trial: int, row: dict, meta: dict, folder: Path, out: Path, retrain: bool, epochs: Optional[int],
+            dataset: Optional[str], t0: float) -> tuple[Path, dict]:
+    import onnx
+
+    from .onnx_graph import build_graph
+
     if retrain:
         epochs = epochs if epochs is not None else RETRAIN_FACTOR * int(meta["training"]["epochs"])
         if epochs < 1:
@@ -291,9 +311,10 @@ def _write_card(out: Path, card: dict) -> None:
     (out / CARD).write_text(yaml.safe_dump(card, sort_keys=False), encoding="utf-8")
 
 
-def _check_out(out: Path, run_id: str, trial: int) -> None:
+def _check_out(out: Path, run_id: str, trial: int) -> bool:
     """Make the export folder `out`, refusing, in one line, a path that is not a folder it
-    can write, or a folder holding another trial's export (which writing would replace)."""
+    can write, or a folder holding another trial's export (which writing would replace);
+    whether it made the folder."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a folder; give a folder to write the export into")
     if (out / CARD).is_file():
@@ -306,10 +327,12 @@ def _check_out(out: Path, run_id: str, trial: int) -> None:
             what = f"trial {theirs[1]} of run '{theirs[0]}'" if theirs else "an export this one cannot read"
             raise UsageError(f"--out {out} holds the export of {what}; give another --out, or remove that "
                              "folder first")
+    made = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot write the export to --out {out}: {e.strerror or e}") from None
+    return made
 
 
 def read_card(folder: Path, check_files: bool = True) -> dict:
@@ -327,6 +350,9 @@ def read_card(folder: Path, check_files: bool = True) -> dict:
     for key in ("exits", "files", "input", "dataset", "figures", "classes"):
         if key not in card:
             raise UsageError(f"{path} lacks '{key}'; it is not a card `nasctl export` wrote")
+    seed = card["dataset"].get("split_seed") if isinstance(card["dataset"], dict) else None
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        raise UsageError(f"{path}: dataset: split_seed {seed!r} is not a whole number in 0 ... {SEED_LIMIT - 1}")
     if check_files:
         for name, digest in card["files"].items():
             f = folder / name
@@ -350,10 +376,7 @@ def evaluate_export(folder: Path, dataset: Optional[str] = None, rounds: int = 1
     folder = Path(folder)
     card = read_card(folder)
     data = load_dataset(dataset or card["dataset"]["name"], card["dataset"]["split_seed"])
-    want = tuple(card["input"]["shape"][1:])
-    if tuple(data.input_shape) != want or data.classes != card["classes"]:
-        raise UsageError(f"dataset '{dataset or card['dataset']['name']}' has inputs {list(data.input_shape)} and "
-                         f"{data.classes} classes; the model takes {list(want)} and {card['classes']}")
+    _check_data(data, dataset or card["dataset"]["name"], card["input"]["shape"][1:], card["classes"])
     try:
         sess = make_session(folder / ONNX_FILE, threads=1)
     except Exception as e:  # noqa: BLE001 - onnxruntime cannot load it

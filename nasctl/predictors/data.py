@@ -8,6 +8,7 @@ failed measurement); any other empty or non-numeric target cell is an error."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,8 +65,13 @@ def read(source: str, space: SearchSpace, targets: Sequence[str] = ()) -> Data:
         raise UsageError(f"data file '{path}' does not exist")
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False)
+        with path.open(encoding="utf-8", newline="") as f:
+            header = next(csv.reader(f), [])
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise UsageError(f"data '{path}' is not a readable CSV: {str(e).splitlines()[0]}") from None
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:  # pandas would rename the second to 'NAME.1'
+        raise UsageError(f"data '{path}' has the column '{twice[0]}' twice; each column needs a name of its own")
     key = next((c for c in KEY_COLUMNS if c in df.columns), None)
     if key is None:
         raise UsageError(f"data '{path}' has no 'arch' or 'arch_str' column")

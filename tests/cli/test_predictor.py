@@ -114,6 +114,24 @@ def test_bad_inputs_are_one_line_errors(ws, tmp_path, space):
     one_line_error(invoke("--workspace", ws, "predictor", "predict", "acc-ridge", "--data", mbv2_data,
                           "--out", tmp_path / "o.csv"), 2, "unknown knob")
     one_line_error(invoke("--workspace", ws, "predictor", "show", "nope"), 2, "unknown predictor 'nope'")
+    # a column named twice, a target that never changes, another target than the predictor's
+    lines = data.read_text().splitlines()
+    twice = tmp_path / "twice.csv"
+    twice.write_text("\n".join([lines[0] + ",acc"] + [line + ",1" for line in lines[1:]]) + "\n")
+    one_line_error(train(ws, twice, name="t2"), 2, "has the column 'acc' twice")
+    flat = tmp_path / "flat.csv"
+    flat.write_text("\n".join([lines[0]] + [line.rsplit(",", 1)[0] + ",50" for line in lines[1:]]) + "\n")
+    one_line_error(train(ws, flat, name="t3"), 2, "target 'acc' is 50 in every row")
+    other = write_data(tmp_path / "other.csv", space, 12, column="edp")
+    one_line_error(invoke("--workspace", ws, "predictor", "eval", "acc-ridge", "--data", f"table:{other}:edp"), 2,
+                   "predicts acc; data 'table:")
+    # one unreadable card: the others are still listed, the broken one named
+    (ws / "predictors" / "broken").mkdir()
+    (ws / "predictors" / "broken" / "card.yaml").write_bytes(b"\xff\xfe not yaml")
+    result = invoke("--workspace", ws, "predictor", "list", "--json")
+    assert result.exit_code == 0, result.output
+    assert {r["name"]: r["model"] for r in json.loads(result.stdout)}["broken"] == "(unreadable)"
+    assert "predictor 'broken' is unreadable" in result.stderr
 
 
 def test_multi_target_from_a_run_folder(ws, tmp_path):

@@ -119,7 +119,12 @@ def test_user_errors_are_one_line(real_runs, tmp_path):
         (["runs", "compare", s0, "--min-hv-ratio", 0], 2, "--min-hv-ratio 0 is not allowed"),
         (["runs", "compare", s0, "--min-hv-ratio", "high"], 2, "Invalid value for '--min-hv-ratio'"),
         (["runs", "export", s0, "--format", "xml"], 2, "Invalid value for '--format'"),
+        # an output path that is a folder, or under a file: one line naming it, not a traceback
+        (["runs", "export", s0, "--out", tmp_path], 2, f"cannot use '{tmp_path}': Is a directory"),
+        (["runs", "plot", s0, "--out", tmp_path / "afile"], 2, f"cannot use '{tmp_path / 'afile'}': File exists"),
+        (["runs", "export", s0, "--out", tmp_path / "afile" / "t.csv"], 2, "cannot use '"),
     ]
+    (tmp_path / "afile").write_text("not a folder")
     for args, code, message in cases:
         result = invoke(*args)
         assert message in one_error_line(result, code), args
