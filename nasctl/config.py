@@ -3,6 +3,7 @@ flags overriding them, and written to the run folder as config.yaml."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal, Optional, Union
 
@@ -59,7 +60,7 @@ class SearchConfig(BaseModel):
     finetune_epochs: int = Field(default=0, ge=0)  # with accuracy supernet:NAME, epochs each candidate fine-tunes
     batch_size: int = Field(default=64, ge=1)
     lr: float = Field(default=5e-3, gt=0)
-    exit_tolerance: float = Field(default=1.0, ge=0)
+    exit_tolerance: float = Field(default=1.0, ge=0, le=100)  # accuracy points
     exit_policy: str = "max-softmax"
     exit_rates: Optional[dict[str, float]] = None  # early exit name -> target share of inputs
     pin: dict[str, Union[int, float, str]] = {}  # knob -> the one value the search may give it
@@ -82,6 +83,13 @@ class SearchConfig(BaseModel):
     keep_weights: Literal["all", "front", "none"] = "all"  # trained networks kept in the run's models/
     screen: Optional[int] = Field(default=None, ge=2)  # candidates proposed per real evaluation with a
                                                        # surrogate (default: 5; strategy auto: its own)
+
+    @field_validator("lr", "exit_tolerance", "max_latency_ms", "max_energy_mj", "max_accuracy_drop")
+    @classmethod
+    def _finite(cls, v: Optional[float]) -> Optional[float]:
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"{v} is not a finite number")
+        return v
 
     @field_validator("seed")
     @classmethod

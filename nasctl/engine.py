@@ -389,6 +389,19 @@ def study_name(cfg: SearchConfig, run_dir: Path) -> str:
     return cfg.study or run_dir.name
 
 
+def _only_study(db: Path) -> str | None:
+    """The name of the one study in a run's study.db (None: no file, or not one study)."""
+    if not db.is_file():
+        return None
+    import optuna
+
+    try:
+        names = optuna.get_all_study_names(storage=open_storage(f"sqlite:///{db.resolve()}"))
+    except Exception:  # noqa: BLE001 - an unreadable study.db: the folder's name, as before
+        return None
+    return names[0] if len(names) == 1 else None
+
+
 def storage_url(cfg: SearchConfig, run_dir: Path) -> str:
     return cfg.storage or f"sqlite:///{(run_dir / 'study.db').resolve()}"
 
@@ -425,6 +438,11 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
         store = RunStore.create(run_dir, run_id, evaluator.columns)
         store.write_config({**cfg.model_dump(), "resolved": {**evaluator.resolved(), **auto}})
     evaluator.keep_in = kept_in(cfg, store.path)
+    if resume and not cfg.study and not cfg.storage:  # the run's own study.db: its study, even in a renamed folder
+        found = _only_study(store.path / "study.db")
+        if found is not None and found != store.path.name:
+            cfg = cfg.model_copy(update={"study": found})
+            notes.append(f"continued study '{found}' of {store.path / 'study.db'} (the run folder was renamed)")
     trials = TrialStore(storage_url(cfg, store.path), study_name(cfg, store.path), directions(cfg),
                         evaluator.space, objectives=cfg.objectives)
     index = trials.register(cfg.model_dump(), resume)

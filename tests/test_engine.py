@@ -91,6 +91,30 @@ def test_resume_continues_without_redoing_work(tmp_path, monkeypatch):
     assert [r["arch"] for r in rows(tmp_path / "full")] == [r["arch"] for r in after]
 
 
+def test_resume_keeps_the_runs_search_and_finds_its_study_in_a_renamed_folder(tmp_path, monkeypatch):
+    from nasctl.evaluation import train
+
+    run = tmp_path / "run"
+    assert search("--budget", "2", *FAST, "--seed", "1", "--run-dir", str(run)).exit_code == 0
+    for extra, text in [(["--space", "nb201"], "the run searched with space"),
+                        (["--seed", "7"], "the run searched with seed 1; --seed 7 would change it"),
+                        (["--objectives", "accuracy,latency_ms"], "the run searched with objectives"),
+                        (["--run-dir", str(tmp_path / "other")], "give --run-dir only for a new search")]:
+        result = search("--resume", str(run), "--budget", "3", *extra)
+        assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
+        assert text in result.stderr, result.stderr
+    assert len(rows(run)) == 2  # nothing was added
+    moved = tmp_path / "moved"
+    run.rename(moved)
+    calls = []
+    real = train.evaluate
+    monkeypatch.setattr(train, "evaluate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    result = search("--resume", str(moved), "--budget", "3")
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 1 and len(rows(moved)) == 3  # the two done are kept, not trained again
+    assert optuna.get_all_study_names(storage=f"sqlite:///{moved / 'study.db'}") == ["run"]
+
+
 def test_resume_of_unknown_run_is_one_line():
     result = search("--resume", "no-such-run")
     assert result.exit_code == 2 and result.stderr.startswith("error: run 'no-such-run' not found")

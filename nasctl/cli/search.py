@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from ..config import SearchConfig, make_config
+from ..errors import UsageError
 from ..objectives import objectives_help
 from ..strategies import STRATEGIES
 from .render import err, out, print_json
@@ -112,6 +113,7 @@ def search(
     from ..store import find_run, stored_config
 
     file_values, source = {}, "setting"
+    run_dir_given = run_dir
     if resume is not None:
         run_dir = find_run(resume)
         file_values, source = read_config_file(run_dir / "config.yaml"), str(run_dir / "config.yaml")
@@ -134,6 +136,8 @@ def search(
                       exit_rates=_assignments("--exit-rates", exit_rates, float, "s1=0.3,s2=0.2"),
                       pin=_assignments("--pin", pin, parse_cell, "exit_s1=0,exit_s2=0,backbone_bits=8"),
                       co_search=co_search)
+    if resume is not None:
+        _check_resume(resume, make_config(file_values, source), cfg, run_dir_given)
     if print_config:
         import yaml
 
@@ -209,6 +213,23 @@ class _Progress:
     def update(self, row: dict, done: int) -> None:
         cost = f"{row['latency_ms'] * 1e3:.3g} µs" if row["edp"] is None else f"EDP {row['edp'] * 1e6:.3g} µJ·µs"
         self._progress.update(self._task, completed=done, description=f"last: {row['accuracy']:.1f}% {cost}")
+
+
+RESUME_MAY_CHANGE = ("budget", "workers", "threads")  # how far and how fast, not what the run searches
+
+
+def _check_resume(run: str, stored, cfg, run_dir_given) -> None:
+    """One line where a flag given with --resume would change what the run searches: its
+    trials so far were made with the stored settings, and a run holds one search."""
+    if run_dir_given is not None:
+        raise UsageError(f"--resume {run} continues that run in its own folder; give --run-dir only for a new search")
+    before, after = stored.model_dump(), cfg.model_dump()
+    changed = [k for k in after if k not in RESUME_MAY_CHANGE and after[k] != before.get(k)]
+    if changed:
+        k = changed[0]
+        raise UsageError(f"--resume {run}: the run searched with {k} {before.get(k)!r}; --{k.replace('_', '-')} "
+                         f"{after[k]!r} would change it (with --resume only "
+                         f"{', '.join('--' + m for m in RESUME_MAY_CHANGE)} may change; start a new search instead)")
 
 
 def _front_table(front: list[dict], objectives: list[str]) -> Table:

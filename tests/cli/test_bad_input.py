@@ -27,6 +27,16 @@ def test_largest_seed_is_accepted_and_leaves_room_for_each_worker():
                    "allowed: 0 <= seed <= 4294967294")
 
 
+@pytest.mark.parametrize("flag, value, message", [
+    ("--max-latency-ms", "inf", "--max-latency-ms inf: inf is not a finite number"),
+    ("--max-energy-mj", "inf", "--max-energy-mj inf: inf is not a finite number"),
+    ("--lr", "inf", "--lr inf: inf is not a finite number"),
+    ("--exit-tolerance", "1000", "less than or equal to 100"),
+])
+def test_settings_that_no_search_can_hold_are_refused(flag, value, message):
+    one_line_error(invoke("search", flag, value, "--print-config"), 2, message)
+
+
 def test_max_accuracy_drop_needs_a_baseline():
     one_line_error(invoke("search", "--max-accuracy-drop", "0.5", "--print-config"), 2,
                    "--max-accuracy-drop 0.5: needs --accuracy-baseline")
