@@ -1087,6 +1087,9 @@ def _fix_inputs(model: onnx.ModelProto, shapes: Mapping[Optional[str], Shape], p
                              f"with --input-shape {inp.name}:{example}")
         else:
             shape = tuple(int(d) for d in current)
+        if any(v < 1 for v in shape):
+            raise UsageError(f"{path.name}: input '{inp.name}' has shape [{', '.join(map(str, shape))}]; every dim "
+                             f"must be 1 or more (an empty input has no cost to price)")
         if len(shape) >= 2 and shape[0] != 1:
             ones = "x".join(["1", *map(str, shape[1:])])
             raise UsageError(f"{path.name}: input '{inp.name}' has batch {shape[0]}; nasctl prices one input at "

@@ -534,6 +534,7 @@ def test_dynamic_dims_need_an_input_shape(tmp_path):
     ({None: (1, 3, 8)}, "--input-shape image: 3 dims given; the input has 4 [N, 3, H, W]"),
     ({None: (2, 3, 8, 8)}, "input 'image' has batch 2; nasctl prices one input at a time: "
                            "give --input-shape image:1x3x8x8"),
+    ({None: (1, 3, 0, 8)}, "input 'image' has shape [1, 3, 0, 8]; every dim must be 1 or more"),
 ])
 def test_bad_input_shapes(tmp_path, shapes, message):
     with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]")):
