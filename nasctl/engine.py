@@ -433,6 +433,7 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
         open_storage(cfg.storage)  # an unreachable storage fails before any folder is made
     if resume:
         store = RunStore(run_dir, evaluator.columns)
+        store.raise_budget(cfg.budget)  # what `runs show` and a later --resume read
     else:
         run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{evaluator.space.name}-{cfg.strategy}-s{cfg.seed}"
         store = RunStore.create(run_dir, run_id, evaluator.columns)

@@ -74,6 +74,18 @@ class RunStore:
         doc = {**config, "nasctl_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         (self.path / "config.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 
+    def raise_budget(self, budget: int) -> None:
+        """A resumed run's budget, raised by `--resume --budget`, in its config.yaml (the file
+        otherwise as it was written)."""
+        from .specs import read_yaml
+
+        path = self.path / "config.yaml"
+        doc = read_yaml(path)
+        if isinstance(doc, dict) and isinstance(doc.get("budget"), int) and budget > doc["budget"]:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(yaml.safe_dump({**doc, "budget": budget}, sort_keys=False))
+            tmp.replace(path)
+
     def append(self, row: Mapping) -> None:
         """Add one finished trial. The file is locked, so local workers can share it."""
         append_csv(self.trials_path, [cell(row.get(c)) for c in self.columns])

@@ -84,6 +84,7 @@ def test_resume_continues_without_redoing_work(tmp_path, monkeypatch):
     result = search("--resume", str(run), "--budget", "5")
     assert result.exit_code == 0, result.output
     assert len(calls) == 2  # only the new candidates are trained
+    assert yaml.safe_load((run / "config.yaml").read_text())["budget"] == 5  # the raised budget is the run's
     after = rows(run)
     assert after[:3] == first and len(after) == 5
     # the same as an uninterrupted run of budget 5
