@@ -80,6 +80,12 @@ def train_threads(cfg: SearchConfig, input_shape: tuple[int, int, int]) -> int |
     return max(1, (os.cpu_count() or 1) // cfg.workers) if cfg.workers > 1 else None
 
 
+# Before a search with cost bounds: candidates sampled, and the most candidates priced in
+# all, in looking for one that meets them (`Evaluator.check_costs_reachable`).
+FEASIBILITY_SAMPLES = 64
+FEASIBILITY_PRICES = 2000
+
+
 class Evaluator:
     """Scores one architecture: cost on the device (or a latency table) and accuracy
     (proxy training or an accuracy table)."""
@@ -236,6 +242,57 @@ class Evaluator:
             return self.row(arch, accuracy, rates, 0.0)
         except MissingEntry as e:
             raise Unpriced(str(e)) from None
+
+    def check_costs_reachable(self, samples: int = FEASIBILITY_SAMPLES, max_prices: int = FEASIBILITY_PRICES) -> None:
+        """Refuse, before anything is trained, cost bounds (latency, energy, parameters,
+        weights) no candidate can meet.  Candidates are priced at their cheapest: every
+        input leaving at the first exit.  `samples` seeded samples, then the least violating
+        one improved knob by knob, stop at the first candidate meeting every cost bound;
+        where none is found, a one-line UsageError names the cheapest found.  Architectures
+        the device or table cannot price are passed over."""
+        bounds = [c for c in self.constraints if c.metric != "accuracy"]
+        if not bounds:
+            return
+        priced = 0
+
+        def excess(arch: dict) -> tuple[float, dict | None]:
+            nonlocal priced
+            priced += 1
+            try:
+                row = self.price(arch, 0.0, [1.0] + [0.0] * (len(self.space.active_exits(arch)) - 1))
+            except (Unpriced, UsageError):
+                return float("inf"), None
+            return sum(max(c.violation(row), 0.0) for c in bounds), row
+
+        rng = np.random.default_rng([self.cfg.seed, 20])  # apart from the strategy's own stream
+        best, best_excess, best_row = None, float("inf"), None
+        for _ in range(samples):
+            arch = self.space.sample(rng)
+            value, row = excess(arch)
+            if value <= 0:
+                return
+            if value < best_excess:
+                best, best_excess, best_row = arch, value, row
+        improved = best is not None
+        while improved and priced < max_prices:
+            improved = False
+            for var in self.space.variables():
+                for choice in var.choices:
+                    if choice == best[var.name] or priced >= max_prices:
+                        continue
+                    arch = {**best, var.name: choice}
+                    value, row = excess(arch)
+                    if value <= 0:
+                        return
+                    if value < best_excess:
+                        best, best_excess, best_row, improved = arch, value, row, True
+        if best_row is None:
+            return  # nothing could be priced: the search reports each candidate as it fails
+        found = ", ".join(f"{c.metric} {best_row[c.metric]:.4g}" for c in bounds)
+        wanted = ", ".join(str(c) for c in bounds)
+        raise UsageError(f"no candidate of space '{self.space.name}' meets {wanted} on '{self.cfg.device}': "
+                         f"the cheapest of {priced} priced ({samples} sampled, then improved knob by knob, "
+                         f"every input leaving at the first exit) has {found}; relax the bound")
 
     def outcome(self, arch: dict) -> tuple[float, list[float]]:
         """What training tells about `arch` (or a table): its accuracy and the share of
@@ -424,6 +481,8 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
         notes.append(f"--workers {cfg.workers} capped at {n_workers}: {why}")
         cfg = cfg.model_copy(update={"workers": n_workers})
     evaluator = Evaluator(cfg)
+    if not resume:
+        evaluator.check_costs_reachable()  # bounds no candidate meets fail before any folder is made
     STRATEGIES.get(cfg.strategy)  # an unknown strategy or surrogate fails before any folder is made
     if cfg.surrogate:
         from .predictors import PREDICTORS

@@ -3,11 +3,13 @@
 import csv
 import json
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
 
 from nasctl.cli import app
+from nasctl.errors import UsageError
 from nasctl.objectives import minimisation_matrix, pareto_mask
 from tests.cli.cli_helpers import SMALL_SPACE
 
@@ -67,13 +69,38 @@ def test_same_seed_same_trials(tmp_path):
     assert runs[0] == runs[1]
 
 
-def test_infeasible_constraint_fails_clearly_and_keeps_trials(tmp_path):
+def test_a_cost_bound_no_candidate_meets_is_refused_before_training(tmp_path, monkeypatch):
+    from nasctl.evaluation import train
+
+    trained = []
+    monkeypatch.setattr(train, "evaluate", lambda *a, **k: trained.append(a))
     run = tmp_path / "run"
     result = search(*TINY, "--max-latency-ms", "1e-9", "--run-dir", str(run))
-    assert result.exit_code == 1
+    assert result.exit_code == 2, result.output
     line = result.stderr.strip()
-    assert line.startswith("error: no evaluated candidate meets latency_ms <= 1e-09") and "\n" not in line
-    assert len(read_csv(run / "trials.csv")) == 4
+    assert line.startswith("error: no candidate of space ") and "meets latency_ms <= 1e-09" in line
+    assert "the cheapest of " in line and "\n" not in line
+    assert not trained and not run.exists()
+
+
+def test_a_cost_bound_only_rare_candidates_meet_is_searched(tmp_path):
+    """The check looks beyond its samples (knob by knob): a bound the smallest candidates
+    meet starts the search."""
+    from nasctl.config import make_config
+    from nasctl.engine import Evaluator
+
+    cfg = make_config({}, space=SMALL_SPACE, epochs=1, budget=4, seed=3)
+    evaluator = Evaluator(cfg)
+    rng = np.random.default_rng(0)
+    priced = [evaluator.price(a, 0.0, [1.0] + [0.0] * (len(evaluator.space.active_exits(a)) - 1))["latency_ms"]
+              for a in (evaluator.space.sample(rng) for _ in range(300))]
+    bound = min(priced)  # the cheapest of 300 samples
+    bounded = Evaluator(cfg.model_copy(update={"max_latency_ms": bound}))
+    with pytest.raises(UsageError, match="relax the bound"):
+        bounded.check_costs_reachable(samples=1, max_prices=1)  # one sample alone does not meet it ...
+    bounded.check_costs_reachable(samples=1)  # ... knob by knob from it, one does
+    with pytest.raises(UsageError, match="relax the bound"):
+        Evaluator(cfg.model_copy(update={"max_latency_ms": bound / 1000})).check_costs_reachable()
 
 
 def test_constraint_shapes_the_front(tmp_path):
