@@ -65,6 +65,9 @@ def predict(
     covered = max(0.0, 1.0 - unpriced_nodes / imported.nodes) if imported.nodes else 1.0
     if not_priced:
         listed = "; ".join(f"{u['op']} x{u['count']} ({u['reason']})" for u in not_priced)
+        if not any(cost.mapping != "unsupported" for cost in report.costs):
+            raise UsageError(f"{model}: no op of its {imported.nodes} nodes can be priced on '{report.device}' "
+                             f"(not priced: {listed}); there is nothing to price")
         typer.echo(f"warning: not priced, so the latency and energy totals exclude them: {listed}; the totals "
                    f"cover {covered:.0%} of the model's {imported.nodes} nodes", err=True)
 

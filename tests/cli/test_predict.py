@@ -93,6 +93,19 @@ def test_json_totals_and_layers(tmp_path, per_mac):
     assert doc["covered_nodes_share"] == pytest.approx(6 / 7) and "cover 86% of the model's 7 nodes" in warning
 
 
+def test_a_model_of_which_nothing_can_be_priced_is_refused_in_one_line(tmp_path, per_mac):
+    per_mac()
+    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], name="softmax")], "only-softmax",
+                              [helper.make_tensor_value_info("x", T.FLOAT, [1, 10])],
+                              [helper.make_empty_tensor_value_info("y")])
+    onnx.save(onnx_model(graph, 17), tmp_path / "softmax.onnx")
+    result = invoke(str(tmp_path / "softmax.onnx"), "--device", "per-mac")
+    assert result.exit_code == 2, result.output
+    line, = result.stderr.strip().splitlines()
+    assert "softmax.onnx: no op of its 1 nodes can be priced on 'per-mac'" in line
+    assert "softmax x1 (per-mac cannot price it)" in line
+
+
 def test_text_totals_and_per_layer_table(tmp_path, per_mac):
     per_mac()
     result = invoke(tiny_net(tmp_path / "tiny.onnx"), "--device", "per-mac", "--per-layer")
