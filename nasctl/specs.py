@@ -41,12 +41,34 @@ def problem(first: dict) -> str:
     return "unknown key" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
 
 
+def _union_tag(part) -> bool:
+    """A step of a pydantic error path naming which type of a union was tried ('int',
+    'list[int]'), not a key of the file."""
+    return isinstance(part, str) and (part in ("int", "float", "str", "bool") or "[" in part)
+
+
+def _branch(loc) -> bool:
+    return any(_union_tag(p) for p in loc)
+
+
+def _key(loc) -> tuple:
+    """The key of the file an error path is about (up to the first union step)."""
+    tags = [i for i, p in enumerate(loc) if _union_tag(p)]
+    return tuple(loc[:tags[0]] if tags else loc)
+
+
 def validation_message(err: Exception) -> str:
     """The first problem of a pydantic ValidationError as 'key.path: message'."""
-    first = err.errors()[0]  # type: ignore[attr-defined]
-    loc = ".".join(str(p) for p in first["loc"])
+    errors = err.errors()  # type: ignore[attr-defined]
+    # A value of a key taking one value or a list (`depth: 2` or `depth: [1, 2]`) fails both
+    # ways: the error deepest in the value says most (`depth.1`: the list's second item).
+    first = max(errors, key=lambda e: len(e["loc"])) if all(_branch(e["loc"]) for e in errors) else errors[0]
+    loc = ".".join(str(p) for p in first["loc"] if not _union_tag(p))
     msg = problem(first)
-    more = len(err.errors()) - 1  # type: ignore[attr-defined]
+    given = first.get("input")
+    if first["type"] != "extra_forbidden" and isinstance(given, (bool, int, float, str)) and len(str(given)) < 40:
+        msg += f" (got {given!r})"
+    more = len({_key(e["loc"]) for e in errors}) - 1  # the keys at fault
     # a check of several keys at once has no single path: its message names the keys
     return (f"{loc}: {msg}" if loc else msg) + (f" (and {more} more)" if more else "")
 

@@ -238,7 +238,7 @@ def test_broken_cards_checkpoints_and_out_of_range_settings_are_refused_in_one_l
     assert "supernet 'b5' is unreadable" in res.stderr
     train = ("--workspace", ws, "supernet", "train", "--space", "tiny", "--dataset", data, "--epochs", 1)
     for bad, text in [(("--seed", 2**32), "--seed"), (("--lr", "inf"), "--lr"), (("--name", "has space"), "plain name"),
-                      (("--name", "a:b"), "plain name"), (("--name", ""), "plain name")]:
+                      (("--name", "a:b"), "plain name"), (("--name", ""), "--name: the value '' is empty")]:
         one_line_error(invoke(*train, *bad), 2, text)
     # an unfinished training: its checkpoint record or weights broken, or --epochs below what it has done
     from nasctl import workspace

@@ -15,7 +15,7 @@ import typer
 from typer.core import TyperGroup
 
 from .. import __version__, workspace
-from ..errors import NasctlError
+from ..errors import NasctlError, UsageError
 
 
 class NasctlGroup(TyperGroup):
@@ -24,6 +24,7 @@ class NasctlGroup(TyperGroup):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         try:
+            _refuse_empty(sys.argv[1:] if args is None else list(args))
             with _library_warnings():
                 rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.TyperException as e:  # usage errors: bad flag, bad value
@@ -54,6 +55,20 @@ class NasctlGroup(TyperGroup):
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _refuse_empty(args: list[str]) -> None:
+    """An empty value (`--objectives ""`, `--storage=`, an empty argument) is a mistake, often
+    an unset shell variable: refused, not read as the flag's default."""
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return
+        if arg.startswith("--") and arg.endswith("=") and len(arg) > 3:
+            raise UsageError(f"{arg[:-1]}: the value is empty; give a value or leave the flag out")
+        if not arg.strip():
+            after = args[i - 1] if i and args[i - 1].startswith("-") and "=" not in args[i - 1] else None
+            raise UsageError(f"{after}: the value {arg!r} is empty; give a value or leave the flag out" if after
+                             else f"argument {i + 1} is empty ({arg!r}); give a value")
 
 
 # errors of a path the user chose (exit 2, bad input); other OSErrors with a file name, such as

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, StrictInt, field_validator
 
-Choice = Union[int, list[int]]
+Choice = Union[StrictInt, list[StrictInt]]  # strict: `true` or "2" is not a choice
 BITS = (4, 8, 16, 32)
 
 
@@ -15,11 +15,19 @@ def choices(value: Choice) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, list) else (value,)
 
 
+def distinct(values) -> None:
+    """A knob lists each choice once (twice would weigh it double in every sample)."""
+    twice = sorted({x for x in values if list(values).count(x) > 1})
+    if twice:
+        raise ValueError(f"lists {', '.join(map(str, twice))} more than once; give each choice once")
+
+
 def positive(v: Choice) -> Choice:
-    """A knob's choices, checked: one positive integer or a non-empty list of them."""
+    """A knob's choices, checked: one positive integer or a non-empty list of distinct ones."""
     values = choices(v)
     if not values or any(x <= 0 for x in values):
         raise ValueError("must be a positive integer or a non-empty list of them")
+    distinct(values)
     return v
 
 
@@ -29,11 +37,12 @@ def check_bits(v: Optional[Choice]) -> Optional[Choice]:
     bad = [b for b in choices(v) if b not in BITS]
     if bad or not choices(v):
         raise ValueError(f"bit widths {bad} not supported; allowed: {list(BITS)}")
+    distinct(choices(v))
     return v
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # `true` is not a depth, "16" not a width
 
 
 class ExitKnobs(Strict):
@@ -53,6 +62,7 @@ class ExitKnobs(Strict):
         values = v if isinstance(v, list) else [v]
         if not values or any(t < 0 for t in values):
             raise ValueError("must be accuracy points >= 0, or a non-empty list of them")
+        distinct([float(t) for t in values])
         return [float(t) for t in values]
 
 

@@ -223,3 +223,15 @@ def test_kernels_beyond_what_fits_in_memory_are_refused(tmp_path, command):
     result = invoke("--workspace", tmp_path, *command, "--kernels", "1000000000")
     assert result.exit_code == 2 and "--kernels" in result.output and "100000" in result.output, result.output
     assert not (tmp_path / "b").exists() and not (tmp_path / "hardware").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["search", "--objectives", "", "--print-config"], "--objectives: the value '' is empty"),
+    (["search", "--storage=", "--print-config"], "--storage: the value is empty"),
+    (["search", "--pin", " ", "--print-config"], "--pin: the value ' ' is empty"),
+    (["predict", "", "--device", "edge-quad"], "argument 2 is empty"),
+])
+def test_an_empty_value_is_refused_not_read_as_the_default(args, message):
+    """An unset shell variable (`--objectives "$OBJ"`) gives an empty value: refused, where
+    it was silently the flag's default."""
+    one_line_error(invoke(*args), 2, message)

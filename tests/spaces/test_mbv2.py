@@ -97,6 +97,13 @@ def test_deeper_stage_adds_macs(space):
     (lambda d: d.update(colour="red"), r"colour: unknown key"),
     (lambda d: d["exits"].update(after_stages=[3]), r"after_stages"),
     (lambda d: d.update(kind="nope"), r"kind: 'nope' is not a search-space kind; allowed: mbv2"),
+    # a choice listed twice would be sampled twice as often; `true` and "16" are not numbers
+    (lambda d: d["stages"][0].update(channels=[16, 16]), r"stages\.0\.channels: lists 16 more than once"),
+    (lambda d: d["quantization"].update(exit_bits=[8, 8]), r"quantization\.exit_bits: lists 8 more than once"),
+    (lambda d: d["exits"].update(tolerance=[1, 1.0]), r"exits\.tolerance: lists 1\.0 more than once"),
+    (lambda d: d["stages"][1].update(depth=[1, True]), r"stages\.1\.depth\.1: Input should be a valid integer "
+                                                        r"\(got True\)$"),
+    (lambda d: d["head"].update(channels="16"), r"head\.channels: Input should be a valid integer \(got '16'\)"),
 ])
 def test_malformed_spec_names_key_path(root, tmp_path, edit, message):
     data = yaml.safe_load((root / "search_spaces" / "ee-mbv2.yaml").read_text())
