@@ -109,3 +109,17 @@ def test_a_strategy_that_proposes_twice_is_refused():
 
     with pytest.raises(AssertionError, match="twice"):
         check_strategy(Repeating, load_space("nb201"), budget=4)
+
+
+@pytest.mark.parametrize("unused_ops", ["drop", "lone-convs"])
+def test_nb201_conventions_conform(unused_ops):
+    """What a `kind: nb201` space builds is what its layers price, under every convention
+    for unused ops (samples enough to hold unused nodes)."""
+    from nasctl.spaces.nb201 import Nb201Space
+
+    from nasctl.testing import _draws
+
+    base = load_space("nb201")
+    space, run = (Nb201Space(base.spec.model_copy(update={"unused_ops": v})) for v in (unused_ops, "run"))
+    assert any(space.cell_edges(a) != run.cell_edges(a) for pair in _draws(space, 3, 12) for a in pair)
+    check_space(space, SHAPE, CLASSES, samples=12, seed=3)

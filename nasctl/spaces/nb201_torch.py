@@ -4,8 +4,8 @@ Matches `Nb201Space.to_layers` conv for conv, and NB201's own modules parameter 
 parameter (convs without bias, each followed by an affine batch norm, except the
 reduction shortcut's 1×1 conv).  The cell computes the edges `Nb201Space.cell_edges`
 lists: a `none` edge is left out of its node's sum, a node with no input is zero, and
-with `unused_ops: drop` a node that feeds the output only through `none` edges is not
-computed.  `forward(x)` returns a one-element list: the logits.
+with `unused_ops: drop` (or `lone-convs`, but for the lone convs it keeps) a node that
+feeds the output only through `none` edges is not computed.  `forward(x)` returns a one-element list: the logits.
 
 The space gives the network everything it needs (the cell's edges, each with the name of
 its module, and the space's sizes), so this module does not import `nasctl.spaces.nb201`.

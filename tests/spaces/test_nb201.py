@@ -216,3 +216,34 @@ def test_cli_space_show():
     assert doc["size"] == 15_625 and doc["knobs"] == {k: list(OPS) for k in KNOBS}
     result = CliRunner().invoke(app, ["space", "show", "nb201"])
     assert result.exit_code == 0 and "15,625 architectures" in result.stdout and "edge_3_2" in result.stdout
+
+
+@pytest.mark.parametrize("cell, runs", [
+    # node 1 unused, one conv's output, node 2 live: the conv runs
+    ("|nor_conv_3x3~0|+|skip_connect~0|none~1|+|skip_connect~0|none~1|skip_connect~2|", [(1, 0, "nor_conv_3x3")]),
+    # node 2 unused, one conv's output: runs
+    ("|skip_connect~0|+|nor_conv_1x1~0|none~1|+|none~0|skip_connect~1|none~2|", [(2, 0, "nor_conv_1x1")]),
+    # node 1 a lone conv, node 2 unused with no input: node 1 runs
+    ("|nor_conv_3x3~0|+|none~0|none~1|+|skip_connect~0|none~1|none~2|", [(1, 0, "nor_conv_3x3")]),
+    # both unused, each one conv's output from node 0: neither runs
+    ("|nor_conv_3x3~0|+|nor_conv_3x3~0|none~1|+|skip_connect~0|none~1|none~2|", []),
+    # node 1 a lone conv, node 2 unused pooling node 0: neither runs
+    ("|nor_conv_3x3~0|+|avg_pool_3x3~0|none~1|+|skip_connect~0|none~1|none~2|", []),
+    # node 2's one input a conv reading node 1, a lone conv: both run
+    ("|nor_conv_3x3~0|+|none~0|nor_conv_1x1~1|+|skip_connect~0|none~1|none~2|",
+     [(1, 0, "nor_conv_3x3"), (2, 1, "nor_conv_1x1")]),
+    # an unused node summing two edges: left out, as with `drop`
+    ("|skip_connect~0|+|nor_conv_3x3~0|nor_conv_1x1~1|+|skip_connect~0|skip_connect~1|none~2|", []),
+])
+def test_lone_convs_keeps_the_conv_of_an_unused_node_fed_by_it_alone(tmp_path, cell, runs):
+    import torch
+
+    lone, drop = _variant(tmp_path, unused_ops="lone-convs"), _variant(tmp_path, unused_ops="drop")
+    arch = lone.parse_arch(cell)
+    assert lone.cell_edges(arch) == sorted(drop.cell_edges(arch) + runs, key=lambda e: (e[0], e[1]))
+    shape = (3, 32, 32)
+    layers = lone.to_layers(arch, shape, 10)
+    assert sum(lay.op == "conv" for lay in layers) == 1 + 2 * 3 + 15 * sum(op.startswith("nor_conv") for *_, op in
+                                                                            lone.cell_edges(arch))
+    built = lone.build(arch, shape, 10)  # the network runs the same convs
+    assert sum(isinstance(m, torch.nn.Conv2d) for m in built.modules()) == sum(lay.op == "conv" for lay in layers)
