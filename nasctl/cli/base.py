@@ -60,6 +60,7 @@ class NasctlGroup(TyperGroup):
 def _refuse_empty(args: list[str]) -> None:
     """An empty value (`--objectives ""`, `--storage=`, an empty argument) is a mistake, often
     an unset shell variable: refused, not read as the flag's default."""
+    args = [str(a) for a in args]
     for i, arg in enumerate(args):
         if arg == "--":
             return

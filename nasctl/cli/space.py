@@ -21,13 +21,15 @@ def list_spaces(as_json: Annotated[bool, typer.Option("--json", help="Print JSON
     """List the search spaces and where each comes from, then the space kinds and theirs."""
     from ..spaces.loader import SPACE_KINDS
 
-    print_listing(workspace.entries("search_spaces"), SPACE_KINDS, "space", as_json, kinds)
+    print_listing(workspace.entries("search_spaces"), SPACE_KINDS, "space", as_json, kinds,
+                  check=lambda path: load_space(str(path)))
 
 
-def print_listing(entries, registry, what: str, as_json: bool, kinds_only: bool) -> None:
+def print_listing(entries, registry, what: str, as_json: bool, kinds_only: bool, check=None) -> None:
     """The spec files of a data folder (name, kind, origin, path), then the kinds of
     `registry` and their origins: one table each, or JSON (the spec files as a list, each
-    with its kind; with `kinds_only`, the kinds as a list of {name, origin})."""
+    with its kind; with `kinds_only`, the kinds as a list of {name, origin}).  `check(path)`,
+    where given, builds a spec: one that fails is listed as invalid, its reason on stderr."""
     failed = registry.check_plugins()  # a plugin that does not load: one warning line each
     kinds = [{"name": k.name, "origin": k.origin, **({"error": failed[k.name]} if k.name in failed else {})}
              for k in registry.entries()]
@@ -35,13 +37,17 @@ def print_listing(entries, registry, what: str, as_json: bool, kinds_only: bool)
         if as_json:
             return print_json(kinds)
     else:
-        rows = [{"name": e.name, **_kind(e.path), "origin": e.origin, **({"hides": list(e.hides)} if e.hides else {}),
-                 "path": str(e.path)} for e in entries]
+        rows = [{"name": e.name, **_kind(e.path, check), "origin": e.origin,
+                 **({"hides": list(e.hides)} if e.hides else {}), "path": str(e.path)} for e in entries]
+        for r in rows:
+            if "error" in r:
+                typer.echo(f"warning: {what} '{r['name']}' ({r['path']}) cannot be used: {r['error']}", err=True)
         if as_json:
             return print_json(rows)
         table = Table("name", "kind", "origin", "path", title=f"{what}s")
         for r in rows:
-            table.add_row(r["name"], r["kind"] or "(spec cannot be read)",
+            kind = f"{r['kind']} (invalid)" if r["kind"] and "error" in r else r["kind"]
+            table.add_row(r["name"], kind or "(spec cannot be read)",
                           r["origin"] + "".join(f" (hides the {o} one)" for o in r.get("hides", ())), r["path"])
         out.print(table)
     table = Table("kind", "origin", title=f"{what} kinds")
@@ -50,16 +56,22 @@ def print_listing(entries, registry, what: str, as_json: bool, kinds_only: bool)
     out.print(table)
 
 
-def _kind(path) -> dict:
-    """{"kind": the `kind:` of a spec file}, read without building it; with "error" (and
-    kind "") where it cannot be read."""
+def _kind(path, check=None) -> dict:
+    """{"kind": the `kind:` of a spec file}; with "error" where it cannot be read (kind "")
+    or `check(path)` fails."""
     from ..errors import ConfigError
     from ..specs import read_yaml
 
     try:
-        return {"kind": str(read_yaml(path).get("kind", ""))}
+        kind = {"kind": str(read_yaml(path).get("kind", ""))}
     except ConfigError as e:
         return {"kind": "", "error": str(e)}
+    try:
+        if check is not None:
+            check(path)
+    except Exception as e:  # noqa: BLE001 - a listing reports a spec that does not build, whatever the kind raises
+        return {**kind, "error": str(e) or type(e).__name__}
+    return kind
 
 
 @app.command("show")

@@ -92,3 +92,17 @@ def test_assignment_flags_quote_their_own_example(flag, value, example):
     assert line.startswith("error: ") and f"'{value}' is not NAME=VALUE ({example})" in line
     # the example itself is accepted
     assert invoke("search", flag, example.split()[-1], "--print-config").exit_code == 0
+
+
+def test_space_list_names_a_spec_that_does_not_build(tmp_path):
+    (tmp_path / "search_spaces").mkdir()
+    spec = (tmp_path / "search_spaces" / "twice.yaml")
+    spec.write_text("name: twice\nkind: mbv2\nstem: {channels: 8}\n"
+                    "stages:\n  - {depth: 1, channels: [16, 16]}\nhead: {channels: 32}\n")
+    result = invoke("--workspace", tmp_path, "space", "list", "--json")
+    assert result.exit_code == 0, result.output
+    row, = [r for r in json.loads(result.stdout) if r["name"] == "twice"]
+    assert row["kind"] == "mbv2" and "channels: lists 16 more than once" in row["error"]
+    warning, = result.stderr.strip().splitlines()
+    assert warning.startswith("warning: space 'twice'") and "cannot be used" in warning
+    assert "mbv2 (invalid)" in invoke("--workspace", tmp_path, "space", "list").stdout
