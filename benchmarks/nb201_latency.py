@@ -8,11 +8,13 @@ grouping chosen by cross-validation), price every architecture with it, and prin
 Spearman rank correlation between predicted and true latency, mean ± std over the
 draws, next to FLOPs' own correlation with latency.
 
-Each draw is fitted twice, with the layer lists of `unused_ops: run` (every op of the
-cell, as NB201's PyTorch network runs them) and `unused_ops: drop` (ops whose output
-reaches the cell output only through `none` edges left out, as dead-code elimination
-does), and "chosen" takes the one whose fit has the lower cross-validated error on the
-N measured networks - what a user can do without the other 15,625 - N latencies.
+Each draw is fitted three times, with the layer lists of `unused_ops: run` (every op of
+the cell, as NB201's PyTorch network runs them), `unused_ops: lone-convs` (those ops left
+out but for an unused node that is one conv's output; nasctl.spaces.nb201) and
+`unused_ops: drop` (ops whose output reaches the cell output only through `none` edges
+left out, as dead-code elimination does), and "chosen" takes the one whose fit has the
+lowest cross-validated error on the N measured networks - what a user can do without the
+other 15,625 - N latencies.
 
 Correlations are over all 15,625 architectures; "chosen, ok" is over the 15,284
 non-degenerate ones (a degenerate cell ignores its input; pixel3 and raspi4 time those
@@ -40,7 +42,7 @@ from nasctl.spaces.nb201 import Nb201Space
 from nb201_data import DEFAULT_DATA
 
 DEVICES = ("eyeriss", "fpga", "pixel3", "raspi4")
-VARIANTS = ("run", "drop")
+VARIANTS = ("run", "lone-convs", "drop")
 
 
 def fit_and_rank(name: str, layer_lists: list, latency_ms: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, float]:
@@ -93,10 +95,10 @@ def run(table_path: Path, sizes: list[int], draws: int) -> None:
         flops_all = spearmanr(table["cifar10_flops_M"], y)[0]
         flops_ok = spearmanr(table["cifar10_flops_M"][ok], y[ok])[0]
         print(f"\n{dev}: FLOPs rho {flops_all:.3f} (ok {flops_ok:.3f})")
-        print(f"{'N':>6}{'run':>17}{'drop':>17}{'chosen':>17}{'chosen, ok':>17}  chose drop")
+        print(f"{'N':>6}" + "".join(f"{v:>17}" for v in VARIANTS) + f"{'chosen':>17}{'chosen, ok':>17}  chose")
         for n in sizes:
             rho = {k: [] for k in (*VARIANTS, "chosen", "chosen_ok")}
-            drops = 0
+            chose = []
             for seed in range(draws):
                 train = np.random.default_rng(seed).choice(pool, n, replace=False)
                 predicted, cv = {}, {}
@@ -104,12 +106,12 @@ def run(table_path: Path, sizes: list[int], draws: int) -> None:
                     predicted[variant], cv[variant] = fit_and_rank(f"nb201-{dev}", layer_lists[variant], y, train)
                     rho[variant].append(spearmanr(predicted[variant], y)[0])
                 chosen = min(VARIANTS, key=cv.get)
-                drops += chosen == "drop"
+                chose.append(chosen)
                 best = predicted[chosen]
                 rho["chosen"].append(spearmanr(best, y)[0])
                 rho["chosen_ok"].append(spearmanr(best[ok], y[ok])[0])
             print(f"{n:>6}" + "".join(f"{np.mean(r):>9.3f} ± {np.std(r):.3f}" for r in rho.values())
-                  + f"  {drops}/{draws}")
+                  + "  " + ", ".join(f"{v} {chose.count(v)}" for v in VARIANTS if v in chose))
             if n == 100:
                 beats[dev] = min(rho["chosen"]) > flops_all and min(rho["chosen_ok"]) > flops_ok
     if beats:
