@@ -81,8 +81,8 @@ def build(path: Path, registry, what: str):
     kind = data.get("kind")
     if kind is None:
         raise ConfigError(f"{path}: kind: missing; allowed: {', '.join(registry.names())}")
-    if kind not in registry:
-        raise ConfigError(f"{path}: kind: '{kind}' is not a {what} kind; allowed: {', '.join(registry.names())}")
+    if not isinstance(kind, str) or kind not in registry:
+        raise ConfigError(f"{path}: kind: {kind!r} is not a {what} kind; allowed: {', '.join(registry.names())}")
     data.setdefault("name", path.parent.name if path.name == "spec.yaml" else path.stem)
     cls = registry.get(kind)
     try:

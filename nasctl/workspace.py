@@ -122,6 +122,8 @@ def entries(folder: str) -> list[Entry]:
         if not base.is_dir():
             continue
         for p in sorted(base.iterdir()):
+            if p.name.startswith("."):  # a device being written (`fit.write_device`), or hidden
+                continue
             if p.suffix in (".yaml", ".yml") and p.is_file():
                 name, spec = p.stem, p
             elif p.is_dir() and (p / "spec.yaml").is_file():
@@ -192,7 +194,14 @@ def new_entry(folder: str, name: str, what: str) -> Path:
     if not PLAIN_NAME.fullmatch(name):
         raise UsageError(f"{what} name '{name}' must be a plain name: letters, digits, '-', '_' and '.', starting "
                          "with a letter, digit or '_'")
+    if name.endswith((".yaml", ".yml")):
+        raise UsageError(f"{what} name '{name}' ends in {name[name.rindex('.'):]}: that reads as a file path; "
+                         f"give the name alone ('{name[:name.rindex('.')]}')")
     path = root.path / folder / name
+    for spec in (path.with_name(f"{name}.yaml"), path.with_name(f"{name}.yml")):
+        if spec.is_file():  # `entries` finds NAME.yaml before NAME/: a new NAME/ would be hidden by it
+            raise UsageError(f"cannot write the {what} '{name}': {spec} holds one of that name; remove it or "
+                             "choose another name")
     if path.exists() and not path.is_dir():
         raise UsageError(f"cannot write the {what} '{name}': {path} is a file, not a folder; remove it or choose "
                          "another name")

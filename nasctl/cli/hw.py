@@ -33,7 +33,15 @@ def list_devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSO
     from ..hardware.loader import DEVICE_KINDS
     from .space import print_listing
 
-    print_listing(workspace.entries("hardware"), DEVICE_KINDS, "device", as_json, kinds)
+    def known_kind(path):  # a light check (building every device would read every table)
+        from ..errors import ConfigError
+        from ..specs import read_yaml
+
+        kind = read_yaml(path).get("kind")
+        if not isinstance(kind, str) or kind not in DEVICE_KINDS:
+            raise ConfigError(f"{path}: kind: {kind!r} is not a device kind; allowed: {', '.join(DEVICE_KINDS.names())}")
+
+    print_listing(workspace.entries("hardware"), DEVICE_KINDS, "device", as_json, kinds, check=known_kind)
 
 
 def _device(name: str):
@@ -283,7 +291,7 @@ def validate(
     models: Annotated[list[Path], typer.Argument(help="ONNX models to measure and predict.", show_default=False)],
     device: Annotated[str, typer.Option(help="Device name or YAML path.")] = LOCAL,
     rounds: Annotated[int, typer.Option(min=2, help="Interleaved timing rounds.")] = 15,
-    spread: Annotated[float, typer.Option(min=0, help="Seconds the rounds are spread over (a pause after a "
+    spread: Annotated[float, typer.Option(min=0, max=600, help="Seconds the rounds are spread over (a pause after a "
                                                       "round that ends early), so that a busy spell of the "
                                                       "machine shorter than that cannot reach every round.")] = 3.0,
     sessions: Annotated[int, typer.Option(min=1, help="Sessions each model is opened in; its time is the "
@@ -325,8 +333,13 @@ def validate(
         return print_json(doc)
     table = Table("model", "predicted ms", "measured ms", "error")
     for r in doc["models"]:
-        table.add_row(r["model"], f"{r['predicted_ms']:.4g}", f"{r['measured_ms']:.4g}", f"{r['error_pct']:+.1f}%")
+        table.add_row(r["model"], f"{r['predicted_ms']:.4g}", f"{r['measured_ms']:.4g}",
+                      f"{r['error_pct']:+.1f}%" + (" (ops not priced)" if r["unsupported"] else ""))
     out.print(table)
+    for r in doc["models"]:
+        if r["unsupported"]:
+            typer.echo(f"warning: {r['model']}: not priced, so its prediction leaves them out: "
+                       + ", ".join(f"{op} x{n}" for op, n in r["unsupported"].items()), err=True)
     s = doc["summary"]
     out.print(f"{s['models']} models on {doc['device']}: {s['within_5pct'] * 100:.0f}% within ±5%, "
               f"{s['within_10pct'] * 100:.0f}% within ±10%, RMS error {s['rms_error_pct']:.1f}%.")

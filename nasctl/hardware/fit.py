@@ -65,8 +65,8 @@ import numpy as np
 
 from ..errors import UsageError
 from .layers import MAC_OPS, LayerSpec
-from .lut import (ENERGY_COLUMN, LutDevice, LutSpec, choose_regressor, kernel_type, layer_from_row, row_from_layer,
-                  write_lut)
+from .lut import (ENERGY_COLUMN, MIN_COST, REGRESSORS_FILE, LutDevice, LutSpec, choose_regressor, kernel_type,
+                  layer_from_row, row_from_layer, write_lut)
 
 FLOOR_MS = 1e-6  # a kernel a fit finds free is stored at this latency (tables hold positive costs)
 
@@ -87,25 +87,45 @@ class FittedDevice:
 
 
 MEASUREMENTS_FILE = "measurements.json"  # a profile's measured context networks, beside its table
+DEVICE_FILES = {"spec.yaml", "lut.csv", REGRESSORS_FILE, MEASUREMENTS_FILE}  # what a fitted device's folder holds
 
 
 def write_device(folder: Path, fitted: FittedDevice) -> Path:
     """Write `spec.yaml`, `lut.csv` and the fitted boosted trees (`regressors.json`) into
     `folder`, and the fit's own files (a profile's measurements); returns the spec's path.
-    A measurements file an earlier device left in the folder is removed, so that `hw
-    profile --refit` cannot bring that device back."""
+    The folder is written beside and swapped in whole; files of the user's own in it stay,
+    but a measurements file an earlier device left (what `hw profile --refit` would read)
+    goes with that device."""
+    import os
+    import shutil
+    import tempfile
+
     import yaml
 
-    folder.mkdir(parents=True, exist_ok=True)
-    if MEASUREMENTS_FILE not in fitted.files:
-        (folder / MEASUREMENTS_FILE).unlink(missing_ok=True)
-    write_lut(folder / fitted.spec.get("lut", "lut.csv"), fitted.rows)
-    spec_path = folder / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(fitted.spec, sort_keys=False, width=100), encoding="utf-8")
-    LutDevice.from_dict({"name": fitted.name, **fitted.spec}, folder).save_regressors()
-    for name, doc in fitted.files.items():
-        (folder / name).write_text(json.dumps(doc), encoding="utf-8")
-    return spec_path
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside it first and swapped in whole: a fit that fails leaves the device that
+    # was there (or none), never a half-written one.
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        write_lut(staging / fitted.spec.get("lut", "lut.csv"), fitted.rows)
+        (staging / "spec.yaml").write_text(yaml.safe_dump(fitted.spec, sort_keys=False, width=100), encoding="utf-8")
+        LutDevice.from_dict({"name": fitted.name, **fitted.spec}, staging).save_regressors()
+        for name, doc in fitted.files.items():
+            (staging / name).write_text(json.dumps(doc), encoding="utf-8")
+        if folder.exists():
+            for item in folder.iterdir():  # the user's own files stay; an earlier profile's measurements go
+                if item.name not in DEVICE_FILES and not (staging / item.name).exists():
+                    (shutil.copytree if item.is_dir() else shutil.copy2)(item, staging / item.name)
+            old = folder.with_name(f".{folder.name}.replaced-{os.getpid()}")
+            folder.rename(old)
+            staging.rename(folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            staging.rename(folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return folder / "spec.yaml"
 
 
 # --- per-kernel costs from end-to-end times --------------------------------------------
@@ -210,6 +230,9 @@ def checked_latencies(layer_lists: Sequence[Sequence[LayerSpec]], latency_ms: Se
         raise UsageError("no models to fit from")
     if np.any(~((y > 0) & np.isfinite(y))):
         raise UsageError("every measured latency_ms must be positive and finite")
+    if np.any(y < MIN_COST["latency_ms"]):
+        raise UsageError(f"a measured latency_ms of {y.min():g} is below {MIN_COST['latency_ms']:g} "
+                         f"(a nanosecond): allowed are measured latencies in milliseconds")
     return y
 
 

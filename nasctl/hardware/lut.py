@@ -82,6 +82,9 @@ ENERGY_COLUMN = "energy_mj"
 DEQUANTIZED_COLUMN = "dequantized"  # optional, 0 or 1 (LayerSpec.dequantized)
 OPTIONAL_COLUMNS = (DEQUANTIZED_COLUMN, ENERGY_COLUMN)
 _INT_COLUMNS = LUT_COLUMNS[1:13]
+# The least cost a measured kernel or model can have: a nanosecond, a femtojoule (a smaller
+# positive number is a mistake, and one near the float limits makes the fits overflow).
+MIN_COST = {"latency_ms": 1e-6, ENERGY_COLUMN: 1e-12}
 REGRESSORS = ("additive", "ridge", "boost", "nearest")
 MIN_ROWS = {"additive": 1, "ridge": 12, "boost": 40, "nearest": 5}  # fewest rows each regressor is fitted on
 REGRESSORS_FILE = "regressors.json"  # boosted trees fitted to the table, beside it
@@ -227,6 +230,9 @@ def read_lut(path: Path) -> list[dict]:
     text = specs.read_text(path)
     reader = csv.DictReader(text.splitlines())
     header = [h.strip() for h in (reader.fieldnames or [])]
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if twice:
+        raise ConfigError(f"{path}: column {twice[0]} appears twice in the header; give each column once")
     missing = [c for c in LUT_COLUMNS if c not in header]
     if missing:
         raise ConfigError(f"{path}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
@@ -236,6 +242,9 @@ def read_lut(path: Path) -> list[dict]:
     has_energy = ENERGY_COLUMN in header
     rows = []
     for line, raw in enumerate(reader, start=2):
+        if None in raw or None in raw.values():  # csv's marks of a row longer or shorter than the header
+            fields = len(raw) - 1 + len(raw[None]) if None in raw else sum(v is not None for v in raw.values())
+            raise ConfigError(f"{path}: line {line}: {fields} fields, the header has {len(header)}")
         row: dict[str, Any] = {"op": (raw["op"] or "").strip(), "fn": (raw["fn"] or "").strip()}
         if row["op"] not in OPS:
             raise ConfigError(f"{path}: line {line}: op '{row['op']}' is not one of {', '.join(sorted(OPS))}")
@@ -246,10 +255,15 @@ def read_lut(path: Path) -> list[dict]:
             if flag not in ("0", "1"):
                 raise ConfigError(f"{path}: line {line}: {DEQUANTIZED_COLUMN} '{flag}' is not 0 or 1")
             row[DEQUANTIZED_COLUMN] = int(flag)
+        if row["op"] == "conv" and (row["in_ch"] % row["groups"] or row["out_ch"] % row["groups"]):
+            raise ConfigError(f"{path}: line {line}: groups {row['groups']} does not divide in_ch {row['in_ch']} "
+                              f"and out_ch {row['out_ch']}")
         for col in ("latency_ms", ENERGY_COLUMN) if has_energy else ("latency_ms",):
             row[col] = _number(raw[col], float, path, line, col)
-            if not row[col] > 0:
-                raise ConfigError(f"{path}: line {line}: {col} must be positive, got {raw[col]}")
+            if not row[col] >= MIN_COST[col]:
+                raise ConfigError(f"{path}: line {line}: {col} {raw[col].strip()} is below {MIN_COST[col]:g} "
+                                  f"(allowed: a measured cost of at least {MIN_COST[col]:g})" if row[col] > 0 else
+                                  f"{path}: line {line}: {col} must be positive, got {raw[col]}")
         rows.append(row)
     if not rows:
         raise ConfigError(f"{path}: the table has no rows")

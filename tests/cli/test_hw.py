@@ -187,3 +187,32 @@ def test_other_unknown_devices_get_no_profile_hint(ws):
     result = invoke("--workspace", ws, "hw", "show", "nope")
     one_line_error(result, 2, "unknown device 'nope'; known: edge-quad")
     assert "hw profile" not in result.stderr
+
+
+def test_device_names_that_read_as_files_or_clash_with_a_spec_file_are_refused(ws, tmp_path):
+    fit = ("--workspace", ws, "hw", "fit", "--lut", lut_csv(tmp_path / "k.csv"), "--device")
+    one_line_error(invoke(*fit, "phone.yaml"), 2, "device name 'phone.yaml' ends in .yaml")
+    (ws / "hardware").mkdir(exist_ok=True)
+    (ws / "hardware" / "acc.yaml").write_text("kind: analytical\n")
+    one_line_error(invoke(*fit, "acc"), 2, "acc.yaml holds one of that name")
+    assert not (ws / "hardware" / "acc").exists()
+
+
+def test_validate_refuses_a_model_of_which_nothing_can_be_priced_before_timing(ws, tmp_path):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Einsum", ["x", "x"], ["y"], equation="bij,bij->bij")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4])])
+    path = tmp_path / "einsum.onnx"
+    path.write_bytes(onnx_model(graph).SerializeToString())
+    result = invoke("--workspace", ws, "hw", "validate", "--device", "edge-quad", path)
+    one_line_error(result, 2, "einsum.onnx: no op of it can be priced on 'edge-quad' (not priced: Einsum x1)")
+
+
+def test_kind_that_is_not_a_name_is_one_line(ws):
+    (ws / "hardware").mkdir(exist_ok=True)
+    (ws / "hardware" / "odd.yaml").write_text("kind: [analytical]\n")
+    one_line_error(invoke("--workspace", ws, "hw", "show", "odd"), 2, "kind: ['analytical'] is not a device kind")
+    result = invoke("--workspace", ws, "hw", "list")
+    assert result.exit_code == 0 and "warning: device 'odd'" in result.stderr

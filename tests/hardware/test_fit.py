@@ -195,3 +195,21 @@ def test_fit_report_is_json_serialisable():
     fitted = fit_from_models("j", models, latency)
     json.dumps(fitted.spec)
     yaml.safe_dump(fitted.spec)
+
+
+def test_a_fit_that_fails_while_written_leaves_the_device_that_was_there(tmp_path, monkeypatch):
+    from nasctl.hardware.lut import LutDevice
+
+    models, latency = random_models(12, np.random.default_rng(4))
+    folder = tmp_path / "hardware" / "x"
+    write_device(folder, fit_from_models("x", models, latency))
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def fail(self):
+        raise ValueError("array must not contain infs or NaNs")
+
+    monkeypatch.setattr(LutDevice, "save_regressors", fail)
+    with pytest.raises(ValueError):
+        write_device(folder, fit_from_models("x", models, latency * 2))
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # the old device, whole
+    assert [p.name for p in folder.parent.iterdir()] == ["x"]  # nothing half written beside it

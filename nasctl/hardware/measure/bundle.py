@@ -238,6 +238,9 @@ def read_results(results: Path):
         doc = runner.read_bundle(folder, check_files=False)
     except runner.InputError as e:
         raise UsageError(str(e)) from None
+    if not isinstance(doc.get("seed"), int):
+        raise UsageError(f"{folder / BUNDLE_FILE} is malformed (no whole-number seed); write the bundle again with "
+                         "`nasctl hw bundle`")
     if meta.get("bundle_id") != doc["id"] or meta.get("bundle_format") != str(BUNDLE_FORMAT):
         raise UsageError(f"{what}: results of bundle {meta.get('bundle_id')!r} (format {meta.get('bundle_format')}), "
                          f"but {folder / BUNDLE_FILE} is bundle {doc['id']!r} (format {BUNDLE_FORMAT})")

@@ -559,6 +559,14 @@ def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int =
     threads = int(measurement(device).get("threads", 1))
     protocol = Protocol(threads=threads, rounds=rounds, spread_s=spread_s, sessions=sessions)
     imported = [import_onnx(Path(path)) for path in paths]
+    for path, model in zip(paths, imported):  # a model priced at nothing is no comparison: refused before timing
+        report = device.estimate(model.layers)
+        if not any(cost.mapping != "unsupported" for cost in report.costs):
+            from ...errors import UsageError
+
+            ops = ", ".join(f"{op} x{n}" for op, n in (model.unsupported + report.unsupported).items())
+            raise UsageError(f"{path}: no op of it can be priced on '{device.name}' (not priced: {ops or 'none'}); "
+                             "it cannot be compared")
     # The profile's reference networks, measured beside the models where the device records
     # their times: how much slower (or faster) the machine runs now than when profiled.
     count = max((len(recorded(d)) for d in (device, *compare)), default=0)
