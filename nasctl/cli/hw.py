@@ -214,6 +214,18 @@ def fit(
         raise UsageError("--bundle-results FILE goes alone, not with --lut or --models")
     if prior is not None and (models is None or lut is not None or bundle_results is not None):
         raise UsageError("--prior DEV1,DEV2 goes with --models FILE alone (not --lut or --bundle-results)")
+    from ..hardware.fit import GROUPINGS
+
+    if grouping is not None and grouping not in GROUPINGS:
+        raise UsageError(f"--grouping '{grouping}' is not one of: {', '.join(GROUPINGS)}")
+    if grouping is not None and (models is None or lut is not None):
+        raise UsageError("--grouping goes with --models FILE (without --lut): the kernel grouping its latencies are "
+                         "fitted in")
+    given = [flag for flag, value in (("--space", space), ("--input-shape", input_shape), ("--classes", classes))
+             if value is not None]
+    if given and models is None:
+        raise UsageError(f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} the arch column of --models "
+                         "FILE; without --models there is nothing to read them for")
     names = [n.strip() for n in prior.split(",")] if prior is not None else []
     if not all(names):
         raise UsageError(f"--prior '{prior}': expected comma-separated device names, e.g. pixel3,raspi4")

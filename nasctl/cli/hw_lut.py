@@ -68,6 +68,9 @@ def lut(
             costs = dev.estimate(todo).costs
     rows = [row_from_layer(layer, c.latency_ms, c.energy_mj) for layer, c in zip(todo, costs)
             if c.mapping != "unsupported"]
+    if not rows:
+        raise UsageError(f"{dev.name} ({backend}) prices none of the {len(todo)} distinct layers of {samples} sampled "
+                         f"'{sp.name}' architectures; no table written")
     try:
         write_lut(out_file, rows)
     except OSError as e:

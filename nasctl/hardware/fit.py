@@ -388,6 +388,9 @@ def read_models_csv(path: Path, space=None, input_shape: Optional[tuple[int, int
     reader = csv.DictReader(read_text(path).splitlines())
     header = [h.strip() for h in (reader.fieldnames or [])]
     reader.fieldnames = header
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if twice:
+        raise UsageError(f"{path}: column {twice[0]} appears twice in the header; give each column once")
     if "latency_ms" not in header:
         raise UsageError(f"{path}: missing column latency_ms; a models table needs latency_ms and arch or onnx")
     if "arch" not in header and "onnx" not in header:
@@ -401,9 +404,9 @@ def read_models_csv(path: Path, space=None, input_shape: Optional[tuple[int, int
             value = float(row["latency_ms"])
         except ValueError:
             raise UsageError(f"{path}: line {line}: latency_ms '{row['latency_ms']}' is not a number") from None
-        if not (math.isfinite(value) and value > 0):
-            raise UsageError(f"{path}: line {line}: latency_ms '{row['latency_ms']}' must be a positive, finite "
-                             "time in ms")
+        if not (math.isfinite(value) and value >= MIN_COST["latency_ms"]):
+            raise UsageError(f"{path}: line {line}: latency_ms '{row['latency_ms']}' must be a finite time in ms, "
+                             f"at least {MIN_COST['latency_ms']:g} (a nanosecond)")
         if to_layers is not None and (row.get("arch") or "").strip():
             layers = to_layers(row["arch"].strip(), line)
         else:

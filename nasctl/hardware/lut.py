@@ -255,6 +255,9 @@ def read_lut(path: Path) -> list[dict]:
             if flag not in ("0", "1"):
                 raise ConfigError(f"{path}: line {line}: {DEQUANTIZED_COLUMN} '{flag}' is not 0 or 1")
             row[DEQUANTIZED_COLUMN] = int(flag)
+        for col in ("w_bits", "a_bits"):
+            if row[col] > 32:
+                raise ConfigError(f"{path}: line {line}: {col} {row[col]} is not a bit width; allowed: 1-32")
         if row["op"] == "conv" and (row["in_ch"] % row["groups"] or row["out_ch"] % row["groups"]):
             raise ConfigError(f"{path}: line {line}: groups {row['groups']} does not divide in_ch {row['in_ch']} "
                               f"and out_ch {row['out_ch']}")

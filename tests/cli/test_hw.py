@@ -216,3 +216,27 @@ def test_kind_that_is_not_a_name_is_one_line(ws):
     one_line_error(invoke("--workspace", ws, "hw", "show", "odd"), 2, "kind: ['analytical'] is not a device kind")
     result = invoke("--workspace", ws, "hw", "list")
     assert result.exit_code == 0 and "warning: device 'odd'" in result.stderr
+
+
+def test_lut_of_a_device_that_prices_none_of_the_layers_writes_nothing(ws, tmp_path):
+    pools = tmp_path / "softmax.csv"  # a table of softmaxes only: nb201 networks have none
+    pools.write_text(",".join(LUT_COLUMNS) + "\n" + "\n".join(
+        f"softmax,{c},{c},1,1,1,1,1,1,1,1,32,32,,{c * 1e-5:.4g}" for c in (10, 100, 1000)) + "\n")
+    assert invoke("--workspace", ws, "hw", "fit", "--device", "pools", "--lut", pools).exit_code == 0
+    out = tmp_path / "z.csv"
+    result = invoke("--workspace", ws, "hw", "lut", "--device", "pools", "--space", "nb201", "--out", out,
+                    "--samples", 3)
+    one_line_error(result, 2, "prices none of the")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--grouping", "bogus"], "--grouping 'bogus' is not one of: kernels, types, types-shared"),
+    (["--grouping", "types"], "--grouping goes with --models FILE"),
+    (["--space", "nb201"], "--space describes the arch column of --models FILE"),
+    (["--classes", "5", "--input-shape", "3,8,8"], "--input-shape, --classes describe the arch column"),
+])
+def test_fit_flags_that_would_be_ignored_are_refused(ws, tmp_path, extra, message):
+    one_line_error(invoke("--workspace", ws, "hw", "fit", "--device", "x", "--lut", lut_csv(tmp_path / "k.csv"),
+                          *extra), 2, message)
+    assert not (ws / "hardware" / "x").exists()

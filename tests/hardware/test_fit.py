@@ -139,8 +139,10 @@ def test_models_csv_with_onnx_and_arch_columns(tmp_path, onnx_models):
     ("name,latency_ms\nx,1\n", "missing column arch or onnx"),
     ("onnx,latency_ms\nm.onnx,fast\n", "latency_ms 'fast' is not a number"),
     ("arch,latency_ms\n{},1\n", "needs --space"),
-    ("onnx,latency_ms\nm.onnx,inf\n", "latency_ms 'inf' must be a positive, finite time"),
-    ("onnx,latency_ms\nm.onnx,0\n", "latency_ms '0' must be a positive, finite time"),
+    ("onnx,latency_ms\nm.onnx,inf\n", "latency_ms 'inf' must be a finite time in ms, at least 1e-06"),
+    ("onnx,latency_ms\nm.onnx,0\n", "latency_ms '0' must be a finite time in ms"),
+    ("onnx,latency_ms\nm.onnx,1e-320\n", "latency_ms '1e-320' must be a finite time in ms, at least 1e-06"),
+    ("arch,latency_ms,latency_ms\nx,1,999\n", "column latency_ms appears twice"),
     ("onnx,latency_ms\nm.onnx\n", "line 2: has fewer fields than the header"),
 ])
 def test_malformed_models_tables(tmp_path, text, message):
