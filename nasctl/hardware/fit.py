@@ -323,9 +323,18 @@ def calibrate(device: LutDevice, layer_lists: Sequence[Sequence[LayerSpec]],
 
     y = np.asarray(latency_ms, dtype=float)
     types = sorted({kernel_type(layer) for layers in layer_lists for layer in layers})
+    models = distinct_models(layer_lists)
+    if models < len(types) + 2:
+        raise UsageError(f"calibrating the table against --models fits {len(types)} kernel-type scales and two "
+                         f"overheads: it takes at least {len(types) + 2} distinct measured models, the file has "
+                         f"{models}")
     A = np.zeros((len(y), len(types) + 2))
     for m, layers in enumerate(layer_lists):
         report = device.estimate(layers)
+        if report.unsupported:
+            ops = ", ".join(f"{op} x{n}" for op, n in report.unsupported.items())
+            raise UsageError(f"--models: model {m + 1} holds layers the table has no kernels to price ({ops}); "
+                             "add such kernels to the table, or leave those models out")
         for layer, cost in zip(layers, report.costs):
             A[m, types.index(kernel_type(layer))] += cost.latency_ms
         A[m, -2] = len(layers)

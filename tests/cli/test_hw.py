@@ -240,3 +240,23 @@ def test_fit_flags_that_would_be_ignored_are_refused(ws, tmp_path, extra, messag
     one_line_error(invoke("--workspace", ws, "hw", "fit", "--device", "x", "--lut", lut_csv(tmp_path / "k.csv"),
                           *extra), 2, message)
     assert not (ws / "hardware" / "x").exists()
+
+
+def test_a_table_is_calibrated_only_against_enough_models_it_can_price(ws, tmp_path):
+    rows = ["onnx,latency_ms"]
+    for i, cout in enumerate((4, 8, 12, 16, 24, 32)):
+        tiny_model(tmp_path / f"m{i}.onnx", cout)
+        rows.append(f"m{i}.onnx,{0.01 + cout * 0.001}")
+    (tmp_path / "six.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "one.csv").write_text("\n".join(rows[:2]) + "\n")
+    fit = ("--workspace", ws, "hw", "fit", "--device", "cal", "--lut")
+    result = invoke(*fit, lut_csv(tmp_path / "k.csv"), "--models", tmp_path / "six.csv", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["fit"]["calibration"]["models"] == 6
+    one_line_error(invoke(*fit, tmp_path / "k.csv", "--models", tmp_path / "one.csv", "--overwrite"), 2,
+                   "it takes at least 3 distinct measured models, the file has 1")
+    pools = tmp_path / "pools.csv"  # a table without convs, against conv models
+    pools.write_text(",".join(LUT_COLUMNS) + "\n" + "\n".join(
+        f"pool,16,16,{hw},{hw},{hw // 2},{hw // 2},2,2,2,1,32,32,avg,{hw * 1e-4:.4g}" for hw in (8, 16, 32)) + "\n")
+    one_line_error(invoke(*fit, pools, "--models", tmp_path / "six.csv", "--overwrite"), 2,
+                   "model 1 holds layers the table has no kernels to price (conv x1)")
