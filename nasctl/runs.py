@@ -215,7 +215,7 @@ def _read_trials(path: Path, objectives: Sequence[str]) -> list[dict]:
     missing = [c for c in ("trial", "arch", *objectives, "feasible") if c not in (header or [])]
     if missing:
         raise ConfigError(f"{path}: line 1: header lacks column(s) {', '.join(missing)}")
-    rows = []
+    rows, lines = [], {}
     for values in reader:
         where = f"{path}: line {reader.line_num}"
         if len(values) != len(header):
@@ -223,6 +223,9 @@ def _read_trials(path: Path, objectives: Sequence[str]) -> list[dict]:
         row = {c: (v if c == "arch" else parse_cell(v)) for c, v in zip(header, values)}
         if not isinstance(row["trial"], int) or isinstance(row["trial"], bool):
             raise ConfigError(f"{where}: trial '{row['trial']}' is not a whole number")
+        if row["trial"] in lines:
+            raise ConfigError(f"{where}: trial {row['trial']} is there twice (line {lines[row['trial']]} too)")
+        lines[row["trial"]] = reader.line_num
         if not isinstance(row["feasible"], bool):
             raise ConfigError(f"{where}: feasible '{row['feasible']}' is neither true nor false")
         for o in objectives:

@@ -133,6 +133,7 @@ def test_a_run_with_no_trials_yet_reads(tmp_path):
     (lambda text: text.replace("true", "maybe", 1), "line 2: feasible 'maybe' is neither true nor false"),
     (lambda text: text.replace("accuracy,", "acc,", 1), "line 1: header lacks column(s) accuracy"),
     (lambda text: text.replace('"{', '"[', 1).replace('}"', ']"', 1), "line 2: arch is not a JSON object"),
+    (lambda text: text.replace("\n1,", "\n0,", 1), "line 3: trial 0 is there twice (line 2 too)"),
 ])
 def test_malformed_trials_are_one_line_errors_naming_the_line(tmp_path, edit, message):
     path = make_run(tmp_path / "r", [(90, 2.0), (80, 1.0)])
