@@ -36,7 +36,7 @@ class NasctlGroup(TyperGroup):
                 if e.format_message():
                     typer.echo(e.format_message())
                 sys.exit(0)
-            _fail(e.format_message(), e.exit_code)
+            _fail(_with_value(e, sys.argv[1:] if args is None else [str(a) for a in args]), e.exit_code)
         except typer.Abort:
             if not standalone_mode:
                 raise
@@ -55,6 +55,23 @@ class NasctlGroup(TyperGroup):
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _with_value(e: typer.TyperException, args: list[str]) -> str:
+    """A bad value's message naming the value typed: "Invalid value for '--kernels': ..."
+    becomes "--kernels 0: ..." (the range checks name only the bound)."""
+    message = e.format_message()
+    param = getattr(e, "param", None)
+    prefix = "Invalid value for "
+    if not isinstance(e, typer.BadParameter) or param is None or not message.startswith(prefix):
+        return message
+    opts = [o for o in getattr(param, "opts", []) if o.startswith("-")]
+    for i, arg in enumerate(args):
+        flag, _, inline = arg.partition("=")
+        if flag in opts and (inline or i + 1 < len(args)):
+            value = inline if inline else args[i + 1]
+            return f"{flag} {value}: {message.split(': ', 1)[-1]}"
+    return message
 
 
 def _refuse_empty(args: list[str]) -> None:

@@ -235,3 +235,12 @@ def test_an_empty_value_is_refused_not_read_as_the_default(args, message):
     """An unset shell variable (`--objectives "$OBJ"`) gives an empty value: refused, where
     it was silently the flag's default."""
     one_line_error(invoke(*args), 2, message)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["hw", "bundle", "--out", "b", "--kernels", "0"], "--kernels 0: Input should be greater than or equal to 20"),
+    (["hw", "validate", "--rounds=1", "m.onnx"], "--rounds 1: Input should be greater than or equal to 2"),
+    (["hw", "validate", "--spread", "inf", "m.onnx"], "--spread inf: Input should be less than or equal to 600"),
+])
+def test_a_value_out_of_range_is_named_with_its_flag(args, message):
+    one_line_error(invoke(*args), 2, message)
