@@ -43,8 +43,8 @@ def problem(first: dict) -> str:
 
 def _union_tag(part) -> bool:
     """A step of a pydantic error path naming which type of a union was tried ('int',
-    'list[int]'), not a key of the file."""
-    return isinstance(part, str) and (part in ("int", "float", "str", "bool") or "[" in part)
+    'list[int]', a model class such as 'MacArray'), not a key of the file (keys are lower case)."""
+    return isinstance(part, str) and (part in ("int", "float", "str", "bool") or "[" in part or part[:1].isupper())
 
 
 def _branch(loc) -> bool:

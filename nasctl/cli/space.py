@@ -40,7 +40,7 @@ def print_listing(entries, registry, what: str, as_json: bool, kinds_only: bool,
         rows = [{"name": e.name, **_kind(e.path, check), "origin": e.origin,
                  **({"hides": list(e.hides)} if e.hides else {}), "path": str(e.path)} for e in entries]
         for r in rows:
-            if "error" in r:
+            if "error" in r and r["kind"] not in failed:  # a plugin kind that did not load is reported once, above
                 typer.echo(f"warning: {what} '{r['name']}' ({r['path']}) cannot be used: {r['error']}", err=True)
         if as_json:
             return print_json(rows)

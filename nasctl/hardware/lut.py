@@ -891,7 +891,8 @@ class LutDevice(CostModel):
                                       f"name, from a workspace's hardware/{spec.name}/ folder") from None
             path = folder / path
         if not path.is_file():
-            raise ConfigError(f"{spec.name}: its kernel table {path} does not exist")
+            raise ConfigError(f"{spec.name}: its kernel table {path} "
+                              + ("is a folder, not a CSV file" if path.is_dir() else "does not exist"))
         saved = _saved_doc(path)  # holds the table already read and checked, while the table is unchanged
         if saved and saved.get("merged"):
             device = cls(spec, None, path, saved)

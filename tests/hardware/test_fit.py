@@ -215,3 +215,9 @@ def test_a_fit_that_fails_while_written_leaves_the_device_that_was_there(tmp_pat
         write_device(folder, fit_from_models("x", models, latency * 2))
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # the old device, whole
     assert [p.name for p in folder.parent.iterdir()] == ["x"]  # nothing half written beside it
+
+
+def test_a_model_measured_many_times_counts_once_toward_what_a_fit_needs():
+    models, latency = random_models(3, np.random.default_rng(5))
+    with pytest.raises(UsageError, match=r"60 models \(3 distinct\) are too few to fit from"):
+        fit_from_models("x", models * 20, latency * 20)
