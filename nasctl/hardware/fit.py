@@ -260,14 +260,14 @@ def fit_from_models(name: str, layer_lists: Sequence[Sequence[LayerSpec]], laten
         if grouping not in candidates:
             raise UsageError(f"unknown grouping '{grouping}'; allowed: {', '.join(GROUPINGS)}")
         feasible = [grouping]
-    distinct = distinct_models(layer_lists)  # a model measured twice is one model: its twin rows go together
+    distinct = distinct_models(layer_lists)  # cross-validated over distinct models: a model's twin rows go together
     if grouping is None:
-        feasible = feasible_groupings(layer_lists, distinct)
+        feasible = feasible_groupings(layer_lists, len(y))
         if not feasible:
             need = int(np.ceil((unknowns["types-shared"] + 1) / 0.8))
             counted = f"{len(y)} models" + (f" ({distinct} distinct)" if distinct < len(y) else "")
             raise UsageError(f"{counted} are too few to fit from: their {unknowns['types-shared'] - 2} "
-                             f"kernel types need at least {need} distinct measured models")
+                             f"kernel types need at least {need} measured models")
     errors = {g: round(_cv_error(candidates[g], layer_lists, y, folds=min(5, distinct)), 2)
               for g in feasible} if distinct >= 5 else {}
     chosen = min(errors, key=errors.get) if errors else feasible[0]

@@ -138,7 +138,7 @@ def fit_with_prior(name: str, layer_lists: Sequence[Sequence[LayerSpec]], latenc
 
     candidates = [_Candidate("prior", features, np.zeros((len(y), 0)), 0.0, None)]
     without = []  # no prior, where the models are enough to fit from scratch: tried last
-    scratch = feasible_groupings(layer_lists, distinct)  # as `fit_from_models` judges it
+    scratch = feasible_groupings(layer_lists, len(y))
     for g in groupings:
         grp = _Grouping.make(g, layer_lists)
         G = np.array([grp.columns(layers) for layers in layer_lists])[:, :-1]  # intercept left to the candidate
