@@ -313,6 +313,10 @@ def test_bundle_needs_a_new_folder(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x.txt").write_text("x")
     one_line(invoke("hw", "bundle", "--out", tmp_path / "full", "--kernels", 20), "exists and is not an empty folder")
+    (tmp_path / "stopped" / "networks").mkdir(parents=True)  # a bundle whose writing Ctrl-C stopped
+    (tmp_path / "stopped" / "networks" / "net0000.onnx").write_bytes(b"")
+    one_line(invoke("hw", "bundle", "--out", tmp_path / "stopped", "--kernels", 20),
+             "holds an unfinished bundle (no bundle.json")
 
 
 # --- int8 kernels: fused or dequantized as the target ran them ----------------------------

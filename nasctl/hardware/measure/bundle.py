@@ -103,7 +103,10 @@ def write_bundle(folder: Path, kernels: int = 5000, seed: int = 0, chunk: int = 
 
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise UsageError(f"--out {folder}: exists and is not an empty folder; give a new folder for the bundle")
+        unfinished = folder.is_dir() and (folder / NETWORKS_DIR).is_dir() and not (folder / BUNDLE_FILE).exists()
+        raise UsageError(f"--out {folder}: " + (f"holds an unfinished bundle (no {BUNDLE_FILE}: its writing was "
+                                                 "stopped); remove it, or give a new folder" if unfinished else
+                                                 "exists and is not an empty folder; give a new folder for the bundle"))
     if on_progress is not None:
         on_progress(0, 1, "building the context networks")
     networks = context_networks(kernels, seed)
