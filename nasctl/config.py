@@ -128,8 +128,9 @@ class SearchConfig(BaseModel):
             kib = float(v)
         except (TypeError, ValueError):
             kib = float("nan")
-        if not kib > 0:
-            raise ValueError(f"'{v}' is not allowed; give KiB > 0, or 'device' for the device's on-chip weight memory")
+        if not 0 < kib < float("inf"):
+            raise ValueError(f"'{v}' is not allowed; give a finite KiB > 0, or 'device' for the device's on-chip "
+                             "weight memory")
         return kib
 
     @field_validator("exit_policy")

@@ -99,12 +99,15 @@ class Evaluator:
         self._outcomes: dict[str, tuple[float, list[float]]] = {}
         self._exit_accuracies: dict[str, list[float]] = {}  # trained networks: each active exit's own accuracy
         self._costs: dict[str, dict] = {}  # key -> what pricing it gives whatever its exit rates (see `costs`)
-        self.latency_table = ArchTable(cfg.device, self.space) if is_table(cfg.device) else None
+        self.latency_table = ArchTable(cfg.device, self.space, low=0.0) if is_table(cfg.device) else None
         models_energy = self.device is not None and self.device.models_energy
         if not models_energy and {"energy_mj", "edp", "exit_overhead", "dynamic_efficiency"} & set(cfg.objectives):
             raise UsageError(f"device '{cfg.device}' models latency only; objectives energy_mj, edp, exit_overhead "
                              "and dynamic_efficiency "
                              "need a device that models energy (e.g. --objectives accuracy,latency_ms)")
+        if not models_energy and cfg.max_energy_mj is not None:
+            raise UsageError(f"device '{cfg.device}' models latency only; --max-energy-mj needs a device that models "
+                             "energy (or bound the latency: --max-latency-ms)")
         if "area_mm2" in cfg.objectives and not cfg.co_search:
             raise UsageError("objective area_mm2 is the chip area of a co-searched accelerator: add --co-search")
         self.constraints = [Constraint(metric, self._limit(flag)) for flag, metric in CONSTRAINT_METRICS.items()
@@ -142,7 +145,7 @@ class Evaluator:
             else:
                 self._load_supernet(cfg.accuracy.removeprefix(SUPERNET_PREFIX), space)
         elif is_table(cfg.accuracy):
-            self.acc_table = ArchTable(cfg.accuracy, self.net_space)
+            self.acc_table = ArchTable(cfg.accuracy, self.net_space, low=0.0, high=100.0)
             self.input_shape, self.classes = self._input()
         elif cfg.accuracy.startswith(PREDICTOR_PREFIX):
             self.acc_model = Outcomes.saved(cfg.accuracy.removeprefix(PREDICTOR_PREFIX), self.net_space)
@@ -480,6 +483,10 @@ def run_search(cfg: SearchConfig, run_dir: Path | None = None, *, resume: bool =
     if n_workers < cfg.workers:
         notes.append(f"--workers {cfg.workers} capped at {n_workers}: {why}")
         cfg = cfg.model_copy(update={"workers": n_workers})
+    cores = os.cpu_count() or 1
+    if cfg.threads is not None and cfg.threads > cores:  # more threads than cores only slows training (or crashes torch)
+        notes.append(f"--threads {cfg.threads} capped at {cores}: this machine's cores")
+        cfg = cfg.model_copy(update={"threads": cores})
     evaluator = Evaluator(cfg)
     if not resume:
         evaluator.check_costs_reachable()  # bounds no candidate meets fail before any folder is made

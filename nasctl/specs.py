@@ -22,10 +22,34 @@ def read_text(path: Path) -> str:
         raise ConfigError(f"cannot read {path}: {e.strerror}") from None
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+class _UniqueKeys(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml where present
+    """A safe loader that refuses a mapping naming a key twice (YAML would keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            try:
+                key = self.construct_object(key_node, deep=True)
+                hash(key)
+            except (TypeError, yaml.YAMLError):
+                continue  # an unhashable key: the constructor says what is wrong with it
+            if key in seen:
+                raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: key '{key}' is given twice (line "
+                                    f"{seen[key]} too); give each key once")
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     text = read_text(path)
     try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml where present
+        data = yaml.load(text, Loader=_UniqueKeys)
+    except _DuplicateKey as e:
+        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

@@ -8,6 +8,7 @@ The `table:` syntax itself (`PREFIX`, `is_table`) belongs to the settings, in
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from .config import TABLE_PREFIX as PREFIX
@@ -21,7 +22,8 @@ class MissingEntry(Exception):
 
 
 class ArchTable:
-    def __init__(self, spec: str, space: SearchSpace):
+    def __init__(self, spec: str, space: SearchSpace, low: float = -math.inf, high: float = math.inf):
+        """`low`..`high`: the values allowed in the column (an accuracy in %, a positive latency)."""
         path_col = spec.removeprefix(PREFIX)
         path, sep, column = path_col.rpartition(":")
         if not sep or not path or not column:
@@ -42,9 +44,27 @@ class ArchTable:
             allowed = ", ".join(c for c in df.columns if c != key_col)
             raise UsageError(f"table '{path}' has no column '{column}'; its columns: {allowed}")
         self.values: dict[str, float] = {}
-        for text, value in zip(df[key_col], df[column]):
-            if value == value:  # an empty cell is NaN: that architecture stays missing
-                self.values[arch_key(space.parse_arch(str(text)))] = float(value)
+        lines: dict[str, int] = {}
+        for line, (text, value) in enumerate(zip(df[key_col], df[column]), start=2):
+            where = f"table '{path}': line {line}"
+            if isinstance(value, str):
+                try:
+                    value = float(value)
+                except ValueError:
+                    raise UsageError(f"{where}: {column} '{value}' is not a number") from None
+            if value != value:  # an empty cell is NaN: that architecture stays missing
+                continue
+            if not low <= value <= high or not math.isfinite(value):
+                raise UsageError(f"{where}: {column} {value:g} is out of range; allowed: "
+                                 + (f"{low:g} to {high:g}" if math.isfinite(high) else f"{low:g} or more"))
+            try:
+                key = arch_key(space.parse_arch(str(text)))
+            except UsageError as e:
+                raise UsageError(f"{where}: {e}") from None
+            if key in self.values and self.values[key] != float(value):
+                raise UsageError(f"{where}: the architecture of line {lines[key]} again, with another {column} "
+                                 f"({float(value):g}, not {self.values[key]:g}); give each architecture once")
+            self.values[key], lines[key] = float(value), line
 
     def lookup(self, key: str) -> float:
         try:

@@ -100,7 +100,9 @@ def test_resume_keeps_the_runs_search_and_finds_its_study_in_a_renamed_folder(tm
     for extra, text in [(["--space", "nb201"], "the run searched with space"),
                         (["--seed", "7"], "the run searched with seed 1; --seed 7 would change it"),
                         (["--objectives", "accuracy,latency_ms"], "the run searched with objectives"),
-                        (["--run-dir", str(tmp_path / "other")], "give --run-dir only for a new search")]:
+                        (["--run-dir", str(tmp_path / "other")], "give --run-dir only for a new search"),
+                        (["--preset", "eenn"], "--preset cannot change them"),
+                        (["--config", str(run / "config.yaml")], "--config cannot change them")]:
         result = search("--resume", str(run), "--budget", "3", *extra)
         assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
         assert text in result.stderr, result.stderr
@@ -156,6 +158,11 @@ def test_a_second_machine_joins_with_storage_and_study(tmp_path):
     archs = [t.user_attrs["arch"] for t in study.trials]
     assert len(archs) == 4 and len(set(archs)) == 4
     assert len(rows(tmp_path / "m2")) == 4  # the joiner's trials.csv holds the whole study
+    # a joiner whose flags would change what the study searches is refused: one study, one search
+    third = search("--budget", "5", "--epochs", "2", "--storage", db, "--study", "team",
+                   "--run-dir", str(tmp_path / "m3"))
+    assert third.exit_code == 2 and "--study team: the study searched with epochs 1; --epochs 2" in third.stderr
+    assert not (tmp_path / "m3").exists() and len(optuna.load_study(study_name="team", storage=db).trials) == 4
 
 
 def test_repeats_average_trainings_with_other_seeds(tmp_path, monkeypatch):

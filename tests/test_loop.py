@@ -118,12 +118,18 @@ def test_all_candidates_failing_is_one_line_and_keeps_the_run(tmp_path, monkeypa
     assert (tmp_path / "run" / "study.db").is_file()
 
 
-def test_workers_are_capped_at_the_budget(tmp_path):
-    result = runner.invoke(app, ["search", "--budget", "2", "--epochs", "1", "--workers", "64",
+def test_workers_are_capped_at_the_budget_and_threads_at_the_cores(tmp_path):
+    import os
+
+    import yaml
+
+    result = runner.invoke(app, ["search", "--budget", "2", "--epochs", "1", "--workers", "64", "--threads", "100000",
                                  "--run-dir", str(tmp_path / "run"), "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert "--workers 64 capped at 2: one per trial of --budget 2" in doc["notes"]
+    assert f"--threads 100000 capped at {os.cpu_count()}: this machine's cores" in doc["notes"]
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["threads"] == os.cpu_count()
     assert len((tmp_path / "run" / "trials.csv").read_text().splitlines()) == 3
 
 

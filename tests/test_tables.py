@@ -232,3 +232,35 @@ def test_candidates_the_surrogate_passed_over_stay_eligible(table, tmp_path):
     assert result.exit_code == 0, result.output
     assert len(read_csv(run / "trials.csv")) == 20 and "unused" not in result.stderr
     assert sum(int(r["evaluated"]) for r in read_csv(run / "surrogate.csv")) == 10  # after the 10 warm-up trials
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda rows: rows[4].update(acc="good"), "line 6: acc 'good' is not a number"),
+    (lambda rows: rows[0].update(acc=917.5), "line 2: acc 917.5 is out of range; allowed: 0 to 100"),
+    (lambda rows: rows[1].update(acc=float("inf")), "line 3: acc inf is out of range"),
+    (lambda rows: rows.append({**rows[2], "acc": 0.0}), "the architecture of line 4 again, with another acc"),
+    (lambda rows: rows[0].update(arch_str="|bogus~0|"), "line 2: '|bogus~0|' is not an NB201 architecture"),
+])
+def test_bad_table_values_are_one_line_naming_the_line(table, tmp_path, edit, message):
+    path, rows = table
+    rows = [dict(r) for r in rows]
+    edit(rows)
+    bad = tmp_path / "bad.csv"
+    with open(bad, "w", newline="") as f:
+        w = csv.DictWriter(f, ["arch_str", "acc", "lat"])
+        w.writeheader()
+        w.writerows(rows)
+    result = runner.invoke(app, ["search", "--space", "nb201", "--device", f"table:{path}:lat", "--accuracy",
+                                 f"table:{bad}:acc", "--budget", "1", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_energy_bound_on_a_latency_table_is_one_line(table, tmp_path):
+    path, _ = table
+    result = table_search(path, "--objectives", "accuracy,latency_ms", "--max-energy-mj", "1", "--budget", "1",
+                          "--run-dir", str(tmp_path / "run"))
+    assert result.exit_code == 2, result.output
+    assert "models latency only; --max-energy-mj needs a device that models energy" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()

@@ -66,7 +66,7 @@ def _with_value(e: typer.TyperException, args: list[str]) -> str:
     if not isinstance(e, typer.BadParameter) or param is None or not message.startswith(prefix):
         return message
     opts = [o for o in getattr(param, "opts", []) if o.startswith("-")]
-    for i, arg in enumerate(args):
+    for i, arg in reversed(list(enumerate(args))):  # a flag given twice: its last value is the one read
         flag, _, inline = arg.partition("=")
         if flag in opts and (inline or i + 1 < len(args)):
             value = inline if inline else args[i + 1]

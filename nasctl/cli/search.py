@@ -114,11 +114,16 @@ def search(
 
     file_values, source = {}, "setting"
     run_dir_given = run_dir
+    if resume is not None and (config is not None or preset is not None):
+        given = "--config" if config is not None else "--preset"
+        raise UsageError(f"--resume {resume} continues the run with its own settings (its config.yaml); {given} "
+                         "cannot change them: give --budget, --workers or --threads alone")
     if resume is not None:
         run_dir = find_run(resume)
         file_values, source = read_config_file(run_dir / "config.yaml"), str(run_dir / "config.yaml")
     elif config is not None or preset is not None:
         file_values, source = read_settings(config, preset)
+    joined = None
     if resume is None and storage and study and (joined := stored_config(storage, study)):
         # joining a search another machine started: its settings, this machine's flags on top
         file_values, source = {**joined, **file_values}, f"study '{study}'"
@@ -138,6 +143,9 @@ def search(
                       co_search=co_search)
     if resume is not None:
         _check_resume(resume, make_config(file_values, source), cfg, run_dir_given)
+    elif joined:
+        _check_same_search(f"--study {study}", "the study", make_config(joined, f"study '{study}'"), cfg,
+                           "joining a study")
     if print_config:
         import yaml
 
@@ -223,12 +231,18 @@ def _check_resume(run: str, stored, cfg, run_dir_given) -> None:
     trials so far were made with the stored settings, and a run holds one search."""
     if run_dir_given is not None:
         raise UsageError(f"--resume {run} continues that run in its own folder; give --run-dir only for a new search")
+    _check_same_search(f"--resume {run}", "the run", stored, cfg, "with --resume")
+
+
+def _check_same_search(label: str, whose: str, stored, cfg, when: str) -> None:
+    """One line where the settings would change what a search already under way searches
+    (a run resumed, a shared study joined): only RESUME_MAY_CHANGE may differ."""
     before, after = stored.model_dump(), cfg.model_dump()
     changed = [k for k in after if k not in RESUME_MAY_CHANGE and after[k] != before.get(k)]
     if changed:
         k = changed[0]
-        raise UsageError(f"--resume {run}: the run searched with {k} {before.get(k)!r}; --{k.replace('_', '-')} "
-                         f"{after[k]!r} would change it (with --resume only "
+        raise UsageError(f"{label}: {whose} searched with {k} {before.get(k)!r}; --{k.replace('_', '-')} "
+                         f"{after[k]!r} would change it ({when} only "
                          f"{', '.join('--' + m for m in RESUME_MAY_CHANGE)} may change; start a new search instead)")
 
 

@@ -280,6 +280,9 @@ def _assemble(name, x, y, x_test, y_test, rng, *, normalise: bool, source: str |
         raise UsageError(f"{source}: labels run up to {classes - 1} but no training image has label {shown}; "
                          f"allowed: labels 0 … K-1 with every class present (renumber the {used} classes "
                          f"0 … {used - 1})")
+    if classes < 2:
+        raise UsageError(f"{source}: every training image has label 0: one class, nothing to tell apart; "
+                         "allowed: at least 2 classes")
     if y_test.max(initial=0) >= classes:
         raise UsageError(f"{source}: test label {int(y_test.max())} has no training image; allowed: the "
                          f"training classes 0 … {classes - 1}")

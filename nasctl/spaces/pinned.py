@@ -28,7 +28,9 @@ class PinnedSpace(SearchSpace):
             if name not in knobs:
                 raise UsageError(f"pin: '{name}' is not a knob of space '{space.name}'; its knobs are: "
                                  f"{', '.join(knobs)}")
-            knobs[name].index(value)  # a value the knob does not offer is a one-line error
+        # the knob's own choice (a value the knob does not offer is a one-line error): 1.0
+        # pins a depth of 1 as the int the network is built with
+        pins = {name: knobs[name].choices[knobs[name].index(value)] for name, value in pins.items()}
         self.inner = space
         self.pins = dict(pins)
         self.name, self.description = space.name, space.description

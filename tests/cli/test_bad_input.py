@@ -32,6 +32,7 @@ def test_largest_seed_is_accepted_and_leaves_room_for_each_worker():
     ("--max-energy-mj", "inf", "--max-energy-mj inf: inf is not a finite number"),
     ("--lr", "inf", "--lr inf: inf is not a finite number"),
     ("--exit-tolerance", "1000", "less than or equal to 100"),
+    ("--max-weight-kib", "inf", "'inf' is not allowed; give a finite KiB > 0"),
 ])
 def test_settings_that_no_search_can_hold_are_refused(flag, value, message):
     one_line_error(invoke("search", flag, value, "--print-config"), 2, message)
@@ -244,3 +245,11 @@ def test_an_empty_value_is_refused_not_read_as_the_default(args, message):
 ])
 def test_a_value_out_of_range_is_named_with_its_flag(args, message):
     one_line_error(invoke(*args), 2, message)
+
+
+def test_a_yaml_key_given_twice_is_refused_not_the_last_kept(tmp_path):
+    (tmp_path / "c.yaml").write_text("budget: 2\nepochs: 1\nbudget: 30\n")
+    one_line_error(invoke("search", "--config", tmp_path / "c.yaml", "--print-config"), 2,
+                   "c.yaml: line 3: key 'budget' is given twice (line 1 too)")
+    (tmp_path / "s.yaml").write_text("name: s\nkind: mbv2\nstem: {channels: 8, channels: 4}\n")
+    one_line_error(invoke("space", "show", tmp_path / "s.yaml"), 2, "line 3: key 'channels' is given twice")

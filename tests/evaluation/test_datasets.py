@@ -178,6 +178,7 @@ def test_pixels_beyond_float32_are_refused(tmp_path):
     ((np.arange(30) % 3) + 1, None, ["no training image has label 0"]),
     (None, np.r_[np.arange(8) % 3, 5], ["test label 5 has no training image; allowed: the training classes 0 … 2"]),
     (np.arange(30) % 3 + 0.5, None, ["y_train: label 0.5 (item 0) is not a class index"]),
+    (np.zeros(30), np.zeros(9), ["every training image has label 0: one class", "allowed: at least 2 classes"]),
 ])
 def test_npz_labels_must_be_the_classes_0_to_k_minus_1(tmp_path, y_train, y_test, texts):
     _refused(_npz(tmp_path / "d.npz", y_train=y_train, y_test=y_test), *texts)

@@ -275,3 +275,12 @@ def test_activations_of_the_largest_architecture_must_fit_at_the_dataset_input(s
     assert "of activations for a batch of 64 at input 3x1024x1024" in message
     assert "more than this machine's 16 GiB of memory; most of them in stages.0 (s1: channels up to 24, " \
            "expand up to 6): lower those, or the batch size" in message
+
+
+def test_a_pin_given_as_a_float_is_the_knob_s_own_choice(space):
+    from nasctl.spaces.pinned import pin_knobs
+
+    pinned = pin_knobs(space, {"s1_depth": 1.0})
+    value = pinned.sample(np.random.default_rng(0))["s1_depth"]
+    assert value == 1 and type(value) is int  # the network is built with it: range(1.0) fails
+    pinned.to_layers(pinned.sample(np.random.default_rng(1)), (1, 8, 8), 10)
