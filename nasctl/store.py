@@ -170,6 +170,11 @@ def open_storage(url: str):
         return optuna.storages.get_storage(url)
     except Exception as e:  # noqa: BLE001 - SQLAlchemy and optuna raise many kinds here
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(".")
+        db = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+        if db is not None and db.is_file() and ("malformed" in reason or "not a database" in reason):
+            raise UsageError(f"{db} is damaged and cannot be read as a study ({reason}); if it is a run's "
+                             f"study.db, move it aside and --resume rebuilds the study from the run's "
+                             "trials.csv") from None
         raise UsageError(f"cannot open storage '{url}': {reason}; allowed: an SQLAlchemy database URL "
                          "(sqlite:///PATH, postgresql://USER:PW@HOST/DB, mysql://USER:PW@HOST/DB) "
                          "or journal:PATH (an optuna journal file)") from None

@@ -227,3 +227,22 @@ def test_print_config_checks_the_space_and_device_files(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
     result = search("--device", "nope", "--print-config")
     assert result.exit_code == 2 and "unknown device 'nope'" in result.stderr
+
+
+def test_resume_of_a_run_whose_study_db_is_damaged_says_how_to_go_on(tmp_path):
+    run = tmp_path / "run"
+    assert search("--budget", "1", *FAST, "--run-dir", str(run)).exit_code == 0
+    db = run / "study.db"
+    db.write_bytes(b"not a database " * 200)
+    for journal in run.glob("study.db-*"):  # its write-ahead log, which would restore it
+        journal.unlink()
+    import subprocess
+    import sys
+
+    # a fresh interpreter: this one keeps the study's database open from the search above
+    result = subprocess.run([sys.executable, "-m", "nasctl", "search", "--resume", str(run), "--budget", "2"],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "study.db is damaged" in result.stderr and "move it aside and --resume rebuilds" in result.stderr
+    db.rename(run / "study.db.bad")  # as the message says: the finished trial is kept, one more is added
+    assert search("--resume", str(run), "--budget", "2").exit_code == 0 and len(rows(run)) == 2
