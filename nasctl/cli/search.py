@@ -153,9 +153,17 @@ def search(
         from ..spaces.loader import load_space
         from ..tables import is_table
 
-        load_space(cfg.space)  # a malformed space or device file fails here, as the search would
-        if not is_table(cfg.device):
+        from ..engine import resolve_strategy
+        from ..spaces.pinned import pin_knobs
+
+        pin_knobs(load_space(cfg.space), cfg.pin)  # a malformed space or device file, a bad pin fails here,
+        if not is_table(cfg.device):  # as the search would
             load_device(cfg.device)
+        resolve_strategy(cfg)
+        if cfg.surrogate:
+            from ..predictors import PREDICTORS
+
+            PREDICTORS.get(cfg.surrogate)
         return out.out(yaml.safe_dump(cfg.model_dump(), sort_keys=False), end="", highlight=False)
     with _Progress() as progress:
         result = run_search(cfg, run_dir, resume=resume is not None, on_start=progress.start,

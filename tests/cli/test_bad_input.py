@@ -253,3 +253,12 @@ def test_a_yaml_key_given_twice_is_refused_not_the_last_kept(tmp_path):
                    "c.yaml: line 3: key 'budget' is given twice (line 1 too)")
     (tmp_path / "s.yaml").write_text("name: s\nkind: mbv2\nstem: {channels: 8, channels: 4}\n")
     one_line_error(invoke("space", "show", tmp_path / "s.yaml"), 2, "line 3: key 'channels' is given twice")
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--pin", "foo=1", "pin: 'foo' is not a knob of space 'ee-mbv2'"),
+    ("--strategy", "nope", "unknown strategy 'nope'"),
+    ("--surrogate", "nope", "unknown predictor model 'nope'"),
+])
+def test_print_config_checks_what_the_search_would(flag, value, message):
+    one_line_error(invoke("search", flag, value, "--print-config"), 2, message)
