@@ -159,8 +159,8 @@ def read_config_file(path: Path) -> dict:
     from .specs import read_text, read_yaml
 
     if not path.is_file():
-        raise ConfigError(f"config file '{path}' does not exist")
-    if path.suffix == ".toml":
+        raise ConfigError(f"config file '{path}' " + ("is a folder, not a file" if path.is_dir() else "does not exist"))
+    if path.suffix.lower() == ".toml":
         import tomllib
 
         try:

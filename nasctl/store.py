@@ -58,6 +58,8 @@ class RunStore:
             while run_dir.exists():
                 n += 1
                 run_dir = base / f"{run_id}-{n}"
+        elif run_dir.exists() and not run_dir.is_dir():
+            raise UsageError(f"--run-dir '{run_dir}' is a file, not a folder; give a folder for the run")
         elif (run_dir / "trials.csv").exists():
             raise UsageError(f"run folder '{run_dir}' already holds a run (trials.csv); choose another "
                              "--run-dir, or continue it with --resume")

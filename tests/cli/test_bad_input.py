@@ -262,3 +262,13 @@ def test_a_yaml_key_given_twice_is_refused_not_the_last_kept(tmp_path):
 ])
 def test_print_config_checks_what_the_search_would(flag, value, message):
     one_line_error(invoke("search", flag, value, "--print-config"), 2, message)
+
+
+def test_a_file_where_a_folder_belongs_and_back_is_named(tmp_path):
+    (tmp_path / "folder.yaml").mkdir()
+    one_line_error(invoke("search", "--config", tmp_path / "folder.yaml", "--print-config"), 2,
+                   "folder.yaml' is a folder, not a file")
+    (tmp_path / "afile").write_text("x")
+    one_line_error(invoke("search", "--run-dir", tmp_path / "afile", "--budget", "1", "--epochs", "1"), 2,
+                   "afile' is a file, not a folder")
+    assert (tmp_path / "afile").read_text() == "x"
