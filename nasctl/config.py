@@ -119,6 +119,24 @@ class SearchConfig(BaseModel):
                              "measured from); give both or neither")
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, values):
+        """`budget: true` is not 1, and `co_search: "yes"` is not true: a number or a yes/no
+        is given as one (pydantic would turn the one into the other)."""
+        if not isinstance(values, dict):
+            return values
+        for key, value in values.items():
+            field = cls.model_fields.get(key)
+            if field is None or value is None:
+                continue
+            wants_bool = field.annotation in (bool, Optional[bool])
+            if wants_bool and not isinstance(value, bool):
+                raise ValueError(f"{key}: {value!r} is not true or false")
+            if not wants_bool and isinstance(value, bool):
+                raise ValueError(f"{key}: {value!r} is not a value of this setting (a yes/no was given)")
+        return values
+
     @field_validator("max_weight_kib", mode="before")
     @classmethod
     def _weight_limit(cls, v):

@@ -272,3 +272,12 @@ def test_a_file_where_a_folder_belongs_and_back_is_named(tmp_path):
     one_line_error(invoke("search", "--run-dir", tmp_path / "afile", "--budget", "1", "--epochs", "1"), 2,
                    "afile' is a file, not a folder")
     assert (tmp_path / "afile").read_text() == "x"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("budget: true\n", "budget: True is not a value of this setting (a yes/no was given)"),
+    ('co_search: "yes"\n', "co_search: 'yes' is not true or false"),
+])
+def test_a_config_file_value_of_the_wrong_kind_is_not_coerced(tmp_path, text, message):
+    (tmp_path / "c.yaml").write_text(text)
+    one_line_error(invoke("search", "--config", tmp_path / "c.yaml", "--print-config"), 2, message)
