@@ -53,7 +53,7 @@ def test_a_workspace_preset_is_found(tmp_path):
     (["--pin", "depth=2"], "pin: 'depth' is not a knob of space 'ee-mbv2'"),
     (["--pin", "backbone_bits=16"], "knob 'backbone_bits' = 16 is not one of: 32, 8, 4"),
     (["--preset", "eenn", "--device", "table:x.csv:lat"], "models latency only; objectives"),
-    (["--max-weight-kib", "lots"], "--max-weight-kib lots: 'lots' is not allowed; give KiB > 0, or 'device'"),
+    (["--max-weight-kib", "lots"], "--max-weight-kib lots: 'lots' is not allowed; give a finite KiB > 0, or 'device'"),
     (["--max-weight-kib", "device", "--device", "h100", "--objectives", "accuracy,latency_ms"],
      "max_weight_kib 'device': device 'h100' states no on-chip weight memory"),
 ])
