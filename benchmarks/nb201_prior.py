@@ -211,10 +211,13 @@ def run(table_path: Path, sizes: list[int], seeds: list[int], held_out: list[str
     own = np.random.default_rng(PRIOR_SEED).choice(pool, PRIOR_CELLS, replace=False)
     convention = {}
     for d in DEVICES:  # the prior devices, fitted from their own tables only, on each convention's lists
+        scores = {}
         for v in VARIANTS:
             fitted = fit_from_models(f"prior-{d}.{v}", [priced[v].layer_lists[i] for i in own], truth[d][own])
             write_device(workspace.roots()[0].path / "hardware" / f"prior-{d}.{v}", fitted)
-        predicted, convention[d], _ = fit_chosen(f"prior-{d}", priced, truth[d], own)
+            scores[v] = variant_score(fitted)
+        convention[d] = min(VARIANTS, key=lambda v: (scores[v], VARIANTS.index(v)))  # its own: the lowest CV error
+        predicted = priced[convention[d]].latency(load_device(f"prior-{d}.{convention[d]}"))
         print(f"prior device prior-{d}: fitted from {PRIOR_CELLS} cells ({convention[d]} layer lists), "
               f"rho {spearmanr(predicted, truth[d])[0]:.3f}")
     print(f"\nLeave one device out, fitted from N random non-degenerate cells, draw seeds {seeds[0]}-{seeds[-1]}; "

@@ -22,6 +22,14 @@ def read_text(path: Path) -> str:
         raise ConfigError(f"cannot read {path}: {e.strerror}") from None
 
 
+def unique_columns(where, header) -> None:
+    """A CSV header naming a column twice is refused (csv keeps the last, pandas renames the
+    second to 'NAME.1': either way a column is silently lost)."""
+    twice = sorted({c for c in header if list(header).count(c) > 1})
+    if twice:
+        raise ConfigError(f"{where}: the column '{twice[0]}' appears twice in the header; give each column once")
+
+
 class _DuplicateKey(Exception):
     pass
 

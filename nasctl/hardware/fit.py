@@ -118,7 +118,11 @@ def write_device(folder: Path, fitted: FittedDevice) -> Path:
                     (shutil.copytree if item.is_dir() else shutil.copy2)(item, staging / item.name)
             old = folder.with_name(f".{folder.name}.replaced-{os.getpid()}")
             folder.rename(old)
-            staging.rename(folder)
+            try:
+                staging.rename(folder)
+            except BaseException:
+                old.rename(folder)  # the device that was there, back where it was
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             staging.rename(folder)
@@ -392,15 +396,13 @@ def read_models_csv(path: Path, space=None, input_shape: Optional[tuple[int, int
                     classes: Optional[int] = None) -> tuple[list[list[LayerSpec]], list[float]]:
     """Layer lists and latencies from a CSV of measured models (see the module docstring);
     `space` is the search space (a `SearchSpace`) the arch column's architectures are of."""
-    from ..specs import read_text
+    from ..specs import read_text, unique_columns
 
     path = Path(path)
     reader = csv.DictReader(read_text(path).splitlines())
     header = [h.strip() for h in (reader.fieldnames or [])]
     reader.fieldnames = header
-    twice = sorted({h for h in header if header.count(h) > 1})
-    if twice:
-        raise UsageError(f"{path}: column {twice[0]} appears twice in the header; give each column once")
+    unique_columns(path, header)
     if "latency_ms" not in header:
         raise UsageError(f"{path}: missing column latency_ms; a models table needs latency_ms and arch or onnx")
     if "arch" not in header and "onnx" not in header:

@@ -230,9 +230,7 @@ def read_lut(path: Path) -> list[dict]:
     text = specs.read_text(path)
     reader = csv.DictReader(text.splitlines())
     header = [h.strip() for h in (reader.fieldnames or [])]
-    twice = sorted({h for h in header if header.count(h) > 1})
-    if twice:
-        raise ConfigError(f"{path}: column {twice[0]} appears twice in the header; give each column once")
+    specs.unique_columns(path, header)
     missing = [c for c in LUT_COLUMNS if c not in header]
     if missing:
         raise ConfigError(f"{path}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "

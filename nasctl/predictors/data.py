@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..spaces.base import SearchSpace, arch_key
+from ..specs import unique_columns
 from ..tables import PREFIX, is_table
 
 KEY_COLUMNS = ("arch", "arch_str")
@@ -69,9 +70,7 @@ def read(source: str, space: SearchSpace, targets: Sequence[str] = ()) -> Data:
             header = next(csv.reader(f), [])
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise UsageError(f"data '{path}' is not a readable CSV: {str(e).splitlines()[0]}") from None
-    twice = sorted({c for c in header if header.count(c) > 1})
-    if twice:  # pandas would rename the second to 'NAME.1'
-        raise UsageError(f"data '{path}' has the column '{twice[0]}' twice; each column needs a name of its own")
+    unique_columns(f"data '{path}'", header)
     key = next((c for c in KEY_COLUMNS if c in df.columns), None)
     if key is None:
         raise UsageError(f"data '{path}' has no 'arch' or 'arch_str' column")

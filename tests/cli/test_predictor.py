@@ -118,7 +118,7 @@ def test_bad_inputs_are_one_line_errors(ws, tmp_path, space):
     lines = data.read_text().splitlines()
     twice = tmp_path / "twice.csv"
     twice.write_text("\n".join([lines[0] + ",acc"] + [line + ",1" for line in lines[1:]]) + "\n")
-    one_line_error(train(ws, twice, name="t2"), 2, "has the column 'acc' twice")
+    one_line_error(train(ws, twice, name="t2"), 2, "the column 'acc' appears twice")
     flat = tmp_path / "flat.csv"
     flat.write_text("\n".join([lines[0]] + [line.rsplit(",", 1)[0] + ",50" for line in lines[1:]]) + "\n")
     one_line_error(train(ws, flat, name="t3"), 2, "target 'acc' is 50 in every row")

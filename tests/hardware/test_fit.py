@@ -142,7 +142,7 @@ def test_models_csv_with_onnx_and_arch_columns(tmp_path, onnx_models):
     ("onnx,latency_ms\nm.onnx,inf\n", "latency_ms 'inf' must be a finite time in ms, at least 1e-06"),
     ("onnx,latency_ms\nm.onnx,0\n", "latency_ms '0' must be a finite time in ms"),
     ("onnx,latency_ms\nm.onnx,1e-320\n", "latency_ms '1e-320' must be a finite time in ms, at least 1e-06"),
-    ("arch,latency_ms,latency_ms\nx,1,999\n", "column latency_ms appears twice"),
+    ("arch,latency_ms,latency_ms\nx,1,999\n", "the column 'latency_ms' appears twice"),
     ("onnx,latency_ms\nm.onnx\n", "line 2: has fewer fields than the header"),
 ])
 def test_malformed_models_tables(tmp_path, text, message):

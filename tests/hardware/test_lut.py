@@ -110,7 +110,7 @@ def test_table_that_is_not_utf8_fails_in_one_line(tmp_path, rows):
     (lambda text: text.replace("\n", "\nconv,3,16\n", 1), "line 2: 3 fields, the header has 15"),
     (lambda text: "\n".join(line + ",extra" * (i == 1) for i, line in enumerate(text.splitlines())),
      "line 2: 16 fields, the header has 15"),
-    (lambda text: text.replace("in_ch", "latency_ms", 1), "column latency_ms appears twice"),
+    (lambda text: text.replace("in_ch", "latency_ms", 1), "the column 'latency_ms' appears twice"),
     (lambda text: "\n".join([text.splitlines()[0], "conv,3,16,8,8,8,8,3,3,1,2,32,32,relu,0.01"]),
      "line 2: groups 2 does not divide in_ch 3 and out_ch 16"),
 ])
