@@ -952,3 +952,39 @@ def test_a_full_profile_draws_every_tenth_network_of_depthwise_convs_with_a_chan
         before = profile.context_network(7, i, profile.SEEDING_ERF)[0].SerializeToString()
         assert (profile.context_network(7, i, profile.SEEDING_MULTIPLIER)[0].SerializeToString() == before) == \
             (i not in drawn)
+
+
+def test_where_a_classifier_starts_reading_from_memory_does_not_jump_between_two_profiles():
+    """Two profiles of the same networks, their times off by each profile's noise (15% a
+    layer): the middle of the change `weight_stream` fits lands within 25% of the same
+    weight bytes in both, and of the middle the times were drawn from (on this machine a
+    split at the step of least deviation from each side's median put it at 9, 12 and 22 MB
+    in three profiles of the same networks)."""
+    from nasctl.hardware.lut import WeightStream, weight_bytes
+    from nasctl.hardware.measure.attribution import MeasuredNetwork
+    from nasctl.hardware.measure.profile import weight_stream
+
+    truth = WeightStream(cache_bytes=12e6, width=0.2, resident_ms_per_mb=0.016, streamed_ms_per_mb=0.04)
+    draw = np.random.default_rng(2)
+    nets = []
+    for i in range(120):
+        conv_ch = int(draw.integers(64, 1400))
+        layers = [LayerSpec("conv", conv_ch, conv_ch, (4, 4), (4, 4), (3, 3), name="k0:conv"),
+                  LayerSpec("linear", 1024, int(draw.integers(250, 1000)), (1, 1), (1, 1), name="k1:gemm")]
+        nets.append(layers)
+    middles = []
+    for profile in range(2):
+        noise = np.random.default_rng([5, profile])
+        measured, costs = [], []
+        for i, layers in enumerate(nets):
+            w = weight_bytes(layers)
+            ms = np.array([1e-3 + layers[0].macs * 1e-8,
+                           layers[1].params * 4e-6 * truth.rate(w)]) * np.exp(noise.normal(0, 0.15, 2))
+            measured.append(MeasuredNetwork(f"net {i}", layers, list(ms), [1.0, 1.0], float(ms.sum())))
+            costs.append(ms)
+        fitted, how = weight_stream(measured, costs)
+        assert fitted is not None, how
+        assert fitted["resident_ms_per_mb"] < 0.022 and fitted["streamed_ms_per_mb"] > 0.032
+        middles.append(fitted["cache_bytes"])
+    assert max(middles) / min(middles) < 1.25, middles
+    assert all(abs(np.log(m / 12e6)) < np.log(1.25) for m in middles), middles

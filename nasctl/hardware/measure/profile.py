@@ -332,6 +332,7 @@ STREAM_MIN_BYTES = 0.8e6  # layers streaming at least this many weight bytes tim
 STREAM_MAX_SHARE = 0.8  # ... and at most this share of their network's weight bytes
 STREAM_SIDE = 5  # the fewest such layers on each side of the change
 STREAM_WIDTH = 0.2  # the change's width, in e-folds of a model's weight bytes (`lut.WeightStream`)
+STREAM_GRID = 60  # middles of the change tried, between the STREAM_SIDE-th smallest and largest network
 
 
 def weight_stream(measured: Sequence[MeasuredNetwork], costs: Sequence[np.ndarray]) -> tuple[Optional[dict], dict]:
@@ -346,13 +347,18 @@ def weight_stream(measured: Sequence[MeasuredNetwork], costs: Sequence[np.ndarra
     more than STREAM_MAX_SHARE of its network's weights is left out: what else passes
     through the caches between its runs is then too little for the network's weight
     bytes to tell (such layers of 13-20 MB ran at 0.024-0.031 ms/MB in networks where
-    layers of 1-5 MB among others ran at 0.03-0.05).  The change is fitted
-    as a step (the split of the layers, ordered by their network's weight bytes, with the
-    least absolute deviation from each side's median; at least STREAM_SIDE layers a side),
-    widened to STREAM_WIDTH e-folds.  Seen on a 32 MB-L3 machine: 0.02 ms/MB up to about
-    8 MB of a network's weights, 0.043 ms/MB beyond; a table that averages the two prices a
-    small model's 1000-class classifier at twice its time and a large one's at 0.65x."""
-    from ..lut import streams_weights, weight_bytes
+    layers of 1-5 MB among others ran at 0.03-0.05).  The change is fitted as
+    `lut.WeightStream`'s curve of STREAM_WIDTH e-folds: its middle is tried at STREAM_GRID
+    points, evenly in log, between the weight bytes of the networks of the STREAM_SIDE-th
+    fewest and most; at each, its two rates by least absolute deviation (`_lad_rates`);
+    the middle of the least deviation is kept.
+    Seen on a 32 MB-L3 machine: 0.016 ms/MB up to about 6 MB of a network's weights, 0.02-0.03
+    at 6-24 MB, 0.035-0.045 beyond; a table that averages the two prices a small model's
+    1000-class classifier at twice its time and a large one's at 0.65x.  (Splitting the
+    layers in two at the split of least deviation from each side's median, as fits before
+    did, placed the middle at 9, 12 and 22 MB in three profiles of the same networks: a
+    step jumps between the few networks near the change, the curve does not.)"""
+    from ..lut import WeightStream, streams_weights, weight_bytes
 
     points = []
     for m, ts in zip(measured, costs):
@@ -362,27 +368,43 @@ def weight_stream(measured: Sequence[MeasuredNetwork], costs: Sequence[np.ndarra
             if streams_weights(layer) and STREAM_MIN_BYTES <= size <= STREAM_MAX_SHARE * weights and ms > 0:
                 points.append((weights, ms / (size / 1e6)))
     how = {"layers": len(points), "min_weight_bytes": STREAM_MIN_BYTES, "max_share": STREAM_MAX_SHARE,
-           "width": STREAM_WIDTH}
+           "width": STREAM_WIDTH, "how": "curve, least absolute deviation"}
     if len(points) < 2 * STREAM_SIDE:
         return None, {**how, "note": f"not fitted: {len(points)} layers stream their weights "
                                      f"(fewer than {2 * STREAM_SIDE})"}
     points.sort()
     size = np.array([p[0] for p in points])
     rate = np.array([p[1] for p in points])
+    # middles between the STREAM_SIDE-th smallest and largest networks: each side keeps that many layers
+    lo, hi = np.log(size[STREAM_SIDE - 1]), np.log(size[-STREAM_SIDE])
     best = None
-    for i in range(STREAM_SIDE, len(points) - STREAM_SIDE + 1):
-        if size[i - 1] == size[i]:
-            continue
-        low, high = float(np.median(rate[:i])), float(np.median(rate[i:]))
-        loss = float(np.abs(rate[:i] - low).sum() + np.abs(rate[i:] - high).sum())
-        if best is None or loss < best[0]:
-            best = (loss, float(np.sqrt(size[i - 1] * size[i])), low, high, i)
+    for middle in np.exp(np.linspace(lo, hi, STREAM_GRID)) if hi > lo else ():
+        share = np.array([WeightStream(cache_bytes=float(middle), width=STREAM_WIDTH, resident_ms_per_mb=0.0,
+                                       streamed_ms_per_mb=1.0).rate(float(w)) for w in size])
+        low, high, loss = _lad_rates(share, rate)
+        if best is None or loss < best[0] - 1e-12:
+            best = (loss, float(middle), low, high)
     if best is None or best[3] <= best[2]:
         return None, {**how, "note": "not fitted: the layers run no slower in networks of more weights"}
-    _, cache, low, high, i = best
+    _, cache, low, high = best
     return ({"cache_bytes": round(cache, 1), "width": STREAM_WIDTH, "resident_ms_per_mb": round(low, 6),
              "streamed_ms_per_mb": round(high, 6), "convs": True},
-            {**how, "resident_layers": i, "streamed_layers": len(points) - i})
+            {**how, "resident_layers": int(np.sum(size < cache)), "streamed_layers": int(np.sum(size >= cache))})
+
+
+def _lad_rates(share: np.ndarray, rate: np.ndarray) -> tuple[float, float, float]:
+    """The rates `low` (at least 0) and `high` minimising the sum of |rate - low - (high -
+    low) * share| (a linear program), and that sum."""
+    from scipy.optimize import linprog
+
+    n = len(rate)
+    # variables: low, high, then each point's deviation above and below the curve
+    a_eq = np.hstack([(1.0 - share)[:, None], share[:, None], np.eye(n), -np.eye(n)])
+    done = linprog(np.r_[0.0, 0.0, np.ones(2 * n)], A_eq=a_eq, b_eq=rate,
+                   bounds=[(0, None), (0, None)] + [(0, None)] * (2 * n), method="highs")
+    if not done.success:
+        raise RuntimeError(f"the weight-streaming rates could not be fitted: {done.message}")
+    return float(done.x[0]), float(done.x[1]), float(done.fun)
 
 
 def resident_costs(stream: dict, layers: Sequence, ms: np.ndarray) -> np.ndarray:
