@@ -988,3 +988,23 @@ def test_where_a_classifier_starts_reading_from_memory_does_not_jump_between_two
         middles.append(fitted["cache_bytes"])
     assert max(middles) / min(middles) < 1.25, middles
     assert all(abs(np.log(m / 12e6)) < np.log(1.25) for m in middles), middles
+
+
+def test_a_weight_streaming_fit_the_solver_gives_up_on_leaves_the_profile_without_it(monkeypatch):
+    """The measurements of a profile are not lost to the rates' linear program: where it
+    finds no solution, the device is fitted without `weight_stream` and says why."""
+    import scipy.optimize
+
+    from nasctl.hardware.measure.attribution import MeasuredNetwork
+    from nasctl.hardware.measure.profile import weight_stream
+
+    monkeypatch.setattr(scipy.optimize, "linprog", lambda *a, **k: type("R", (), {"success": False})())
+    measured, costs = [], []
+    for i in range(20):
+        layers = [LayerSpec("conv", 64 + 40 * i, 64 + 40 * i, (4, 4), (4, 4), (3, 3), name="k0:conv"),
+                  LayerSpec("linear", 1024, 500, (1, 1), (1, 1), name="k1:gemm")]
+        ms = np.array([0.01, 0.05 + 0.002 * i])
+        measured.append(MeasuredNetwork(f"net {i}", layers, list(ms), [1.0, 1.0], float(ms.sum())))
+        costs.append(ms)
+    fitted, how = weight_stream(measured, costs)
+    assert fitted is None and how["note"] == "not fitted: the solver found no rates"

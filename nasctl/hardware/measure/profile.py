@@ -381,10 +381,16 @@ def weight_stream(measured: Sequence[MeasuredNetwork], costs: Sequence[np.ndarra
     for middle in np.exp(np.linspace(lo, hi, STREAM_GRID)) if hi > lo else ():
         share = np.array([WeightStream(cache_bytes=float(middle), width=STREAM_WIDTH, resident_ms_per_mb=0.0,
                                        streamed_ms_per_mb=1.0).rate(float(w)) for w in size])
-        low, high, loss = _lad_rates(share, rate)
+        fitted = _lad_rates(share, rate)
+        if fitted is None:  # the solver gave up on this middle: the others still count
+            continue
+        low, high, loss = fitted
         if best is None or loss < best[0] - 1e-12:
             best = (loss, float(middle), low, high)
-    if best is None or best[3] <= best[2]:
+    if best is None:
+        return None, {**how, "note": "not fitted: the layers' networks hold too alike weight bytes" if hi <= lo
+                      else "not fitted: the solver found no rates"}
+    if best[3] <= best[2]:
         return None, {**how, "note": "not fitted: the layers run no slower in networks of more weights"}
     _, cache, low, high = best
     return ({"cache_bytes": round(cache, 1), "width": STREAM_WIDTH, "resident_ms_per_mb": round(low, 6),
@@ -392,9 +398,9 @@ def weight_stream(measured: Sequence[MeasuredNetwork], costs: Sequence[np.ndarra
             {**how, "resident_layers": int(np.sum(size < cache)), "streamed_layers": int(np.sum(size >= cache))})
 
 
-def _lad_rates(share: np.ndarray, rate: np.ndarray) -> tuple[float, float, float]:
-    """The rates `low` (at least 0) and `high` minimising the sum of |rate - low - (high -
-    low) * share| (a linear program), and that sum."""
+def _lad_rates(share: np.ndarray, rate: np.ndarray) -> Optional[tuple[float, float, float]]:
+    """The rates `low` and `high` (at least 0) minimising the sum of |rate - low - (high -
+    low) * share| (a linear program), and that sum; None where the solver finds no solution."""
     from scipy.optimize import linprog
 
     n = len(rate)
@@ -403,7 +409,7 @@ def _lad_rates(share: np.ndarray, rate: np.ndarray) -> tuple[float, float, float
     done = linprog(np.r_[0.0, 0.0, np.ones(2 * n)], A_eq=a_eq, b_eq=rate,
                    bounds=[(0, None), (0, None)] + [(0, None)] * (2 * n), method="highs")
     if not done.success:
-        raise RuntimeError(f"the weight-streaming rates could not be fitted: {done.message}")
+        return None
     return float(done.x[0]), float(done.x[1]), float(done.fun)
 
 
