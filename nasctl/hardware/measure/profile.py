@@ -401,11 +401,13 @@ def weight_stream(measured: Sequence[MeasuredNetwork], costs: Sequence[np.ndarra
 def _lad_rates(share: np.ndarray, rate: np.ndarray) -> Optional[tuple[float, float, float]]:
     """The rates `low` and `high` (at least 0) minimising the sum of |rate - low - (high -
     low) * share| (a linear program), and that sum; None where the solver finds no solution."""
+    from scipy import sparse
     from scipy.optimize import linprog
 
     n = len(rate)
     # variables: low, high, then each point's deviation above and below the curve
-    a_eq = np.hstack([(1.0 - share)[:, None], share[:, None], np.eye(n), -np.eye(n)])
+    a_eq = sparse.hstack([sparse.csr_matrix(np.column_stack([1.0 - share, share])), sparse.identity(n),
+                          -sparse.identity(n)], format="csr")
     done = linprog(np.r_[0.0, 0.0, np.ones(2 * n)], A_eq=a_eq, b_eq=rate,
                    bounds=[(0, None), (0, None)] + [(0, None)] * (2 * n), method="highs")
     if not done.success:
