@@ -992,7 +992,8 @@ def test_where_a_classifier_starts_reading_from_memory_does_not_jump_between_two
 
 def test_a_weight_streaming_fit_the_solver_gives_up_on_leaves_the_profile_without_it(monkeypatch):
     """The measurements of a profile are not lost to the rates' linear program: where it
-    finds no solution, the device is fitted without `weight_stream` and says why."""
+    finds no solution, `weight_stream` returns no fit (the device is then fitted without
+    one) and says why, instead of raising."""
     import scipy.optimize
 
     from nasctl.hardware.measure.attribution import MeasuredNetwork
