@@ -978,11 +978,14 @@ class LutDevice(CostModel):
             # The layer's kernel type; where the table has none of it, or only kernels far
             # smaller than this one (a regressor's rate would be extrapolated from fixed
             # costs), the same kernel fused, then the float kernel - what such a QDQ group runs.
-            # A grouped conv of a table without grouped ones is priced from its dense convs.
+            # Only where the table has none of these is the layer priced as a kernel it is told
+            # apart from (`_fallback_types`: a grouped conv of a table without grouped ones from
+            # its dense convs): an 8-bit max pool run channels-first, at 30x the time per element
+            # of a channels-last one, is priced from its own kernels however small they are.
             variants = [layer, replace(layer, dequantized=False), replace(layer, w_bits=32, a_bits=32, dequantized=False)]
             candidates = [(c, kernel_type(c)) for c in variants]
-            candidates += [(as_general(c), f) for c, t in candidates for f in _fallback_types(t)]
-            known = [(c, t) for c, t in candidates if t in self._rows]
+            own = [(c, t) for c, t in candidates if t in self._rows]
+            known = own or [(as_general(c), f) for c, t in candidates for f in _fallback_types(t) if f in self._rows]
             if not known:
                 self._cache[key] = None
                 continue

@@ -606,6 +606,28 @@ def test_plain_kernel_int8_max_pools_are_priced_apart_and_as_max_pools_where_the
     assert both.estimate([pool(20)]).latency_ms == pytest.approx(fast_only.estimate([pool(20)]).latency_ms)
 
 
+def test_a_plain_kernel_int8_max_pool_far_larger_than_its_rows_is_priced_from_them_not_as_a_faster_kernel(rows):
+    """A profile may hold only a few small channels-first 8-bit max pools (they arise in
+    few int8 structures): SqueezeNet 1.1's 128 x 39 x 39 pool, 60x the largest of two such
+    rows, was priced as a channels-last pool, at 1/50 of its time (the model -25%, against
+    -2% from a profile of four rows up to 46,000 elements).  Beyond its own kernels it is
+    priced at their time per element; only a table with none of them prices it as another
+    max pool."""
+    from nasctl.hardware.layers import MAX_NCHW
+
+    def pool(hw, fn="max", ch=32):
+        return LayerSpec("pool", ch, ch, (hw, hw), (hw // 2, hw // 2), (3, 3), 2, w_bits=8, a_bits=8, fn=fn)
+
+    fast = [row_from_layer(pool(hw), 1e-6 * 32 * hw * hw / 16) for hw in (8, 16, 32, 48, 64, 96)]
+    slow = [row_from_layer(pool(hw, MAX_NCHW), 4e-6 * 32 * hw * hw) for hw in (8, 10)]  # 4 ns per element
+    table = device(rows + fast + slow, overhead={"per_layer_ms": 0.0})
+    large = pool(39, MAX_NCHW, ch=128)  # 195,000 elements, 60x the largest row
+    assert table.estimate([large]).latency_ms == pytest.approx(4e-6 * 128 * 39 * 39, rel=0.25)
+    assert table.estimate([pool(39, ch=128)]).latency_ms < table.estimate([large]).latency_ms / 10
+    fast_only = device(rows + fast, overhead={"per_layer_ms": 0.0})
+    assert fast_only.estimate([large]).latency_ms == pytest.approx(fast_only.estimate([pool(39, ch=128)]).latency_ms)
+
+
 def test_regressors_saved_before_grouped_convs_had_a_type_are_read_with_the_types_taken_again(tmp_path, rows):
     import json
 
