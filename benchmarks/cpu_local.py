@@ -30,7 +30,8 @@ import numpy as np
 from nasctl import workspace
 from nasctl.hardware.fit import write_device
 from nasctl.hardware.loader import load_device
-from nasctl.hardware.measure.profile import MEASUREMENTS_FILE, profile_machine, refit_profile, validate_models
+from nasctl.hardware.measure.profile import (MEASUREMENTS_FILE, load_adjusted, profile_machine, refit_profile,
+                                           validate_models)
 from nasctl.hardware.measure.timing import Protocol
 
 DEFAULT_WORKSPACE = Path(__file__).resolve().parents[1] / "runs" / "cpu-local-bench"
@@ -64,20 +65,6 @@ def print_machine_state(summary: dict) -> None:
         print(f"the machine runs at {summary['machine_vs_profile']:.3f}x its profiled time now, by "
               f"{summary['machine_vs_profile_from']} (its load now against the "
               f"profile's typical chunk)")
-
-
-def load_adjusted(rows: list[dict], summary: dict) -> dict | None:
-    """The errors of `rows` (validate_models' models) with each prediction scaled by how much
-    slower or faster the profile's reference networks ran now than when profiled: the
-    device's error apart from the machine's load at the time (a second figure, beside the
-    raw one). None where the references were not measured."""
-    factor = summary.get("machine_vs_profile")
-    if not factor or not rows:
-        return None
-    err = np.array([r["predicted_ms"] * factor / r["measured_ms"] - 1 for r in rows])
-    return {"factor": float(factor), "within_10pct": float(np.mean(np.abs(err) <= 0.10)),
-            "within_5pct": float(np.mean(np.abs(err) <= 0.05)), "worst_pct": float(err[np.argmax(np.abs(err))] * 100),
-            "median_pct": float(np.median(err) * 100)}
 
 
 def print_load_adjusted(what: str, adjusted: dict | None) -> None:

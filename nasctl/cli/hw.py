@@ -23,6 +23,12 @@ app = typer.Typer(no_args_is_help=True,
                        "validate one against measured models.")
 
 LOCAL = "cpu-local"  # the device `hw profile` measures by default
+# Slowest over fastest time of the same networks beyond which `hw profile` and `hw validate`
+# warn that the machine's speed moved too much for close figures: on a shared 2-vCPU VM the
+# chunks of one profile ran 0.84x-1.12x the median chunk, and one model 0.92x-1.07x its
+# profiled speed within a minute.
+UNSTEADY = 1.15
+UNSTEADY_SPEED = 1.075  # `hw validate` warns when the machine runs this much slower or faster than profiled
 
 
 @app.command("list")
@@ -154,6 +160,13 @@ def profile(
     else:
         out.print(f"Profiled {r['networks']} context networks ({r['layers']} kernels, {len(fitted.rows)} distinct) "
                   f"in {r['seconds']:.0f} s with {threads} thread(s).")
+    slow = fitted.spec["measurement"].get("chunk_slowdown_corrected") or [1.0]
+    if max(slow) / min(slow) > UNSTEADY:
+        typer.echo(f"warning: the machine's speed moved while it was profiled: its chunks of networks ran at "
+                   f"{min(slow):.2f}x-{max(slow):.2f}x the median chunk's time, by the reference networks timed in "
+                   f"each (each chunk is scaled to the median); a model's time moves about as much between "
+                   f"measurements on a machine this busy - profile again on a quieter machine for closer prices",
+                   err=True)
     out.print(f"The device reproduces those networks' end-to-end times with an RMS error of "
               f"{r['networks_rms_error_pct']:.1f}% ({r['networks_within_10pct'] * 100:.0f}% within ±10%); "
               f"check it on your own models with `nasctl hw validate --device {device} MODEL.onnx ...`.")
@@ -359,6 +372,15 @@ def validate(
         out.print(f"The machine runs at {s['machine_vs_profile']:.2f}x its profiled time now, by "
                   f"{s['machine_vs_profile_from']} timed beside the models "
                   f"(above 1: it is slower or busier now than when it was profiled).")
+    a = s.get("load_adjusted")
+    if a:
+        out.print(f"With the predictions scaled by that speed (x{a['factor']:.3f}): {a['within_5pct'] * 100:.0f}% "
+                  f"within ±5%, {a['within_10pct'] * 100:.0f}% within ±10%, RMS error {a['rms_error_pct']:.1f}% - the "
+                  f"device's error apart from the machine's load now.")
+        if max(a["factor"], 1 / a["factor"]) > UNSTEADY_SPEED:
+            typer.echo(f"warning: the machine runs at {a['factor']:.2f}x the time it was profiled at: the raw errors "
+                       f"above carry that much of its load; validate again when it is as busy as then, or profile "
+                       f"it again", err=True)
     if by_kernel:
         _print_breakdown(doc["by_kernel"])
 

@@ -144,6 +144,9 @@ def test_quick_profile_writes_the_local_device(ws, tmp_path):
     speed = spec["measurement"]["speed_references"]["networks"]
     by = f"{len(speed)} of the profile's context networks" if speed else "3 reference networks"
     assert "The machine runs at" in validated.stdout and by in " ".join(validated.stdout.split())
+    assert "With the predictions scaled by that speed" in validated.stdout
+    # one chunk of networks: the machine's speed could not move between chunks, no warning
+    assert "speed moved" not in invoke("--workspace", ws, "hw", "profile", "--refit").stderr
     # fitted again from the networks the profile saved, measuring nothing: the same device
     table = (ws / "hardware" / "cpu-local" / "lut.csv").read_text()
     again = invoke("--workspace", ws, "hw", "profile", "--refit", "--json")
@@ -260,3 +263,41 @@ def test_a_table_is_calibrated_only_against_enough_models_it_can_price(ws, tmp_p
         f"pool,16,16,{hw},{hw},{hw // 2},{hw // 2},2,2,2,1,32,32,avg,{hw * 1e-4:.4g}" for hw in (8, 16, 32)) + "\n")
     one_line_error(invoke(*fit, pools, "--models", tmp_path / "six.csv", "--overwrite"), 2,
                    "model 1 holds layers the table has no kernels to price (conv x1)")
+
+
+def test_a_machine_whose_speed_moved_is_told_when_profiled_and_validated(ws, tmp_path, monkeypatch):
+    # On a shared VM the same networks ran 0.84x-1.12x the median chunk's time within one
+    # profile, and a model's measured time moved by 15% within a minute: the figures of such
+    # a machine cannot be read closer than that, and the user is told so in one line.
+    from nasctl.hardware.measure import profile
+
+    assert invoke("--workspace", ws, "hw", "profile", "--kernels", 20, "--rounds", 2).exit_code == 0
+    saved = ws / "hardware" / "cpu-local" / profile.MEASUREMENTS_FILE
+    doc = json.loads(saved.read_text())
+    refs = doc["reference_ms"][0]
+    doc["chunk_of"] = [i % 2 for i in range(len(doc["networks"]))]  # the second chunk ran 1.3x slower
+    doc["reference_ms"] = [refs, [1.3 * r for r in refs]]
+    saved.write_text(json.dumps(doc))
+    result = invoke("--workspace", ws, "hw", "profile", "--refit")
+    assert result.exit_code == 0, result.output
+    warning = [line for line in result.stderr.splitlines() if "speed moved" in line]
+    assert len(warning) == 1 and warning[0].startswith("warning: ") and "0.87x-1.13x" in warning[0]
+
+    model = tiny_model(tmp_path / "a.onnx", 8)
+    real = profile.validate_models
+
+    def busier(device, paths, **kwargs):  # the machine runs 1.25x slower than when profiled
+        doc = real(device, paths, **kwargs)
+        doc["summary"]["machine_vs_profile"] = 1.25
+        doc["summary"]["load_adjusted"] = profile.load_adjusted(doc["models"], doc["summary"])
+        return doc
+
+    monkeypatch.setattr(profile, "validate_models", busier)
+    result = invoke("--workspace", ws, "hw", "validate", "--device", "cpu-local", model, "--rounds", 2)
+    assert result.exit_code == 0, result.output
+    assert "warning: the machine runs at 1.25x the time it was profiled at" in result.stderr
+    shown = json.loads(invoke("--workspace", ws, "hw", "validate", "--device", "cpu-local", model, "--rounds", 2,
+                              "--json").stdout)
+    row = shown["models"][0]
+    assert shown["summary"]["load_adjusted"]["median_pct"] == pytest.approx(
+        (row["predicted_ms"] * 1.25 / row["measured_ms"] - 1) * 100)

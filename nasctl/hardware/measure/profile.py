@@ -636,8 +636,24 @@ def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int =
         if ratios:
             summary["machine_vs_profile"] = float(np.median(ratios))
             summary["machine_vs_profile_from"] = f"{len(ratios)} of the profile's context networks"
+        if "machine_vs_profile" in summary:
+            summary["load_adjusted"] = load_adjusted(rows, summary)
         docs.append({"device": dev.name, "protocol": protocol.describe(), "models": rows, "summary": summary})
     return {**docs[0], **({"compared": docs[1:]} if compare else {})}
+
+
+def load_adjusted(rows: Sequence[dict], summary: dict) -> Optional[dict]:
+    """The errors of `rows` (`validate_models`' models, or some of them) with each prediction
+    scaled by how much slower or faster the machine runs now than when it was profiled
+    (`summary["machine_vs_profile"]`): the device's error apart from the machine's load at
+    the time, a second figure beside the raw one.  None where that was not measured."""
+    factor = summary.get("machine_vs_profile")
+    if not factor or not rows:
+        return None
+    err = np.array([r["predicted_ms"] * factor / r["measured_ms"] - 1 for r in rows])
+    return {"factor": float(factor), "within_10pct": float(np.mean(np.abs(err) <= 0.10)),
+            "within_5pct": float(np.mean(np.abs(err) <= 0.05)), "rms_error_pct": float(np.sqrt(np.mean(err ** 2)) * 100),
+            "worst_pct": float(err[np.argmax(np.abs(err))] * 100), "median_pct": float(np.median(err) * 100)}
 
 
 def kernel_breakdown(device, paths: Sequence[Path], protocol: Protocol, seed: int = 0,
