@@ -42,8 +42,9 @@ def run_isolated(script, *args, cwd):
 
 def tiny_bundle(folder):
     """The tests' bundle.  Kernels that profile longer than a bundle's threshold are timed
-    again alone; this tiny bundle's longest kernel takes 0.2-0.6 ms by the machine, so the
-    threshold is set where every machine times some alone (the bundle records it, the
+    again alone; this tiny bundle's longest kernels profile near the default 0.5 ms, above it
+    on an AMD EPYC and below it on a faster Xeon, so the threshold is set where every
+    machine times some alone (the bundle records it, the
     runner reads it)."""
     import nasctl.hardware.measure.bundle as bundle
 
