@@ -23,12 +23,13 @@ app = typer.Typer(no_args_is_help=True,
                        "validate one against measured models.")
 
 LOCAL = "cpu-local"  # the device `hw profile` measures by default
-# Slowest over fastest time of the same networks beyond which `hw profile` and `hw validate`
-# warn that the machine's speed moved too much for close figures: on a shared 2-vCPU VM the
-# chunks of one profile ran 0.84x-1.12x the median chunk's time, and the machine ran 0.92x
-# and then 1.07x its profiled time in two measurements a minute apart.
+# When the machine's speed moved too much for close figures: `hw profile` warns when its
+# slowest chunk of networks took more than UNSTEADY times its fastest's time, `hw validate`
+# when the machine runs more than UNSTEADY_SPEED times slower or faster than profiled.  On a
+# shared 2-vCPU VM the chunks of one profile ran 0.84x-1.12x the median chunk's time, and the
+# machine ran 0.92x and then 1.07x its profiled time in two measurements a minute apart.
 UNSTEADY = 1.15
-UNSTEADY_SPEED = 1.075  # `hw validate` warns when the machine runs this much slower or faster than profiled
+UNSTEADY_SPEED = 1.075
 
 
 @app.command("list")

@@ -623,10 +623,7 @@ def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int =
             rows.append({"model": Path(path).stem, "path": str(path), "predicted_ms": report.latency_ms,
                          "layers": len(model.layers), "unsupported": dict(model.unsupported + report.unsupported),
                          "measured_ms": float(ms), "error_pct": (report.latency_ms / float(ms) - 1) * 100})
-        err = np.array([r["error_pct"] for r in rows]) / 100
-        summary = {"models": len(rows), "within_5pct": float(np.mean(np.abs(err) <= 0.05)),
-                   "within_10pct": float(np.mean(np.abs(err) <= 0.10)),
-                   "rms_error_pct": float(np.sqrt(np.mean(err ** 2)) * 100)}
+        summary = {"models": len(rows), **_error_figures(np.array([r["error_pct"] for r in rows]) / 100)}
         mine = recorded(dev)
         if mine:
             now = measured[len(paths):len(paths) + len(mine)]
@@ -651,9 +648,14 @@ def load_adjusted(rows: Sequence[dict], summary: dict) -> Optional[dict]:
     if not factor or not rows:
         return None
     err = np.array([r["predicted_ms"] * factor / r["measured_ms"] - 1 for r in rows])
-    return {"factor": float(factor), "within_10pct": float(np.mean(np.abs(err) <= 0.10)),
-            "within_5pct": float(np.mean(np.abs(err) <= 0.05)), "rms_error_pct": float(np.sqrt(np.mean(err ** 2)) * 100),
-            "worst_pct": float(err[np.argmax(np.abs(err))] * 100), "median_pct": float(np.median(err) * 100)}
+    return {"factor": float(factor), **_error_figures(err), "worst_pct": float(err[np.argmax(np.abs(err))] * 100),
+            "median_pct": float(np.median(err) * 100)}
+
+
+def _error_figures(err: np.ndarray) -> dict:
+    """Shares within ±5% and ±10%, and the RMS error (%), of relative errors `err`."""
+    return {"within_5pct": float(np.mean(np.abs(err) <= 0.05)), "within_10pct": float(np.mean(np.abs(err) <= 0.10)),
+            "rms_error_pct": float(np.sqrt(np.mean(err ** 2)) * 100)}
 
 
 def kernel_breakdown(device, paths: Sequence[Path], protocol: Protocol, seed: int = 0,
