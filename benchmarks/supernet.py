@@ -15,7 +15,9 @@ the default one.
    10 trainings each: a second held-out set).  The labels are
    read from their caches (runs/supernet-bench/labels-*.csv, made with
    `predictors_eenn.trainings`; another space's: labels-SPACE-*.csv); a set whose caches
-   are incomplete is skipped, or trained first with `--train-labels`.
+   are incomplete is skipped, or trained first with `--train-labels`.  Beside each
+   held-out set's figure, the yardstick of a predictor (ridge, GP, boosted trees, as
+   `nasctl predictor train` fits them) fitted to the tune set's labels.
 4. With `--search`: `nasctl search --accuracy supernet:N --budget 2000` (`--strategy`,
    `--workers`, journal storage, no kept weights) timed, plus the supernet's training time, against a
    default search (`nasctl search`, seed 0; or `--default-json FILE`, its recorded wall
@@ -175,6 +177,31 @@ def self_agreement(archs, base: Path, count: int) -> str:
     return line
 
 
+def tune_labels(space):
+    """The tune set's candidates and the means of their trainings, where all are cached
+    (for `yardstick`), else None."""
+    seed, count = SETS["tune"]
+    archs = pe.candidates(space, 50, seed)
+    cache = LABELS / ("labels-tune-e5.csv" if space.name == pe.SPACE else f"labels-{space.name}-tune-e5.csv")
+    if not complete(space, archs, cache, count):
+        return None
+    rows, _ = partial(archs, cache, count)
+    return archs, np.array([float(r["accuracy"]) for r in rows])
+
+
+def yardstick(space, fitted, archs, want) -> str:
+    """How a predictor (`nasctl predictor train`'s models, default settings) fitted to the
+    tune set's stand-alone labels ranks a held-out set: what 50 x 3 trainings give without
+    a supernet."""
+    from nasctl.predictors import make_predictor
+
+    taus = []
+    for kind in ("ridge", "gp", "gbt"):
+        got, _ = make_predictor(kind, space, seed=0).fit(fitted[0], fitted[1]).predict(archs)
+        taus.append(f"{kind} {kendall_tau(want, np.asarray(got)):.3f}")
+    return "a predictor fitted to the tune set's labels ranks it at " + ", ".join(taus)
+
+
 def agreement(space, data, nets, args) -> None:
     from types import SimpleNamespace
 
@@ -183,6 +210,7 @@ def agreement(space, data, nets, args) -> None:
 
     cal = calibration_inputs(data, 0)
     exits = space.exit_names()
+    fitted = tune_labels(space)
     for label, (seed, count) in SETS.items():
         if label not in args.sets.split(","):
             continue
@@ -219,6 +247,8 @@ def agreement(space, data, nets, args) -> None:
         print(f"{label} set (50 candidates, labels: mean of {count} 5-epoch trainings; {len(nets)} member"
               f"{'s' * (len(nets) > 1)}), Kendall tau: " + ", ".join(line))
         print(f"  mean accuracy: supernet {got.mean():.2f}%, stand-alone {want.mean():.2f}%")
+        if label != "tune" and fitted is not None:
+            print(f"  yardstick: {yardstick(space, fitted, archs, want)}")
 
 
 def search(args, card) -> None:
