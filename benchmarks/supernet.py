@@ -210,7 +210,6 @@ def agreement(space, data, nets, args) -> None:
 
     cal = calibration_inputs(data, 0)
     exits = space.exit_names()
-    fitted = tune_labels(space)
     for label, (seed, count) in SETS.items():
         if label not in args.sets.split(","):
             continue
@@ -247,7 +246,8 @@ def agreement(space, data, nets, args) -> None:
         print(f"{label} set (50 candidates, labels: mean of {count} 5-epoch trainings; {len(nets)} member"
               f"{'s' * (len(nets) > 1)}), Kendall tau: " + ", ".join(line))
         print(f"  mean accuracy: supernet {got.mean():.2f}%, stand-alone {want.mean():.2f}%")
-        if label != "tune" and fitted is not None:
+        fitted = tune_labels(space) if label != "tune" else None  # the tune set's, trained above if asked
+        if fitted is not None:
             print(f"  yardstick: {yardstick(space, fitted, archs, want)}")
 
 
