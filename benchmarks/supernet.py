@@ -177,12 +177,17 @@ def self_agreement(archs, base: Path, count: int) -> str:
     return line
 
 
+def label_cache(space_name: str, label: str) -> Path:
+    """The cache of a label set's first training (`label_file` names the others)."""
+    return LABELS / (f"labels-{label}-e5.csv" if space_name == pe.SPACE else f"labels-{space_name}-{label}-e5.csv")
+
+
 def tune_labels(space):
     """The tune set's candidates and the means of their trainings, where all are cached
     (for `yardstick`), else None."""
     seed, count = SETS["tune"]
     archs = pe.candidates(space, 50, seed)
-    cache = LABELS / ("labels-tune-e5.csv" if space.name == pe.SPACE else f"labels-{space.name}-tune-e5.csv")
+    cache = label_cache(space.name, "tune")
     if not complete(space, archs, cache, count):
         return None
     rows, _ = partial(archs, cache, count)
@@ -214,7 +219,7 @@ def agreement(space, data, nets, args) -> None:
         if label not in args.sets.split(","):
             continue
         archs = pe.candidates(space, 50, seed)
-        cache = LABELS / (f"labels-{label}-e5.csv" if args.space == pe.SPACE else f"labels-{args.space}-{label}-e5.csv")
+        cache = label_cache(space.name, label)
         if complete(space, archs, cache, count) or args.train_labels:
             rows = pe.trainings(space, archs, cache, SimpleNamespace(epochs=5, seed=0, jobs=1), 0, count)
             print(f"{label} set: {self_agreement(archs, cache, count)}")
