@@ -293,8 +293,9 @@ FLOAT_IN_GRAPH = ("tokens", "position", "softmax")
 def test_a_vision_transformer_exports_and_runs_as_it_was_evaluated(vit_run, tmp_path):
     """Every trial of a small ee-vit search exports. Run by onnxruntime without graph
     optimizations, the graph gives every test input but at most 3 of 359 the class and the
-    exit the trained network gave it (all of them on an AMD EPYC); with them (`nasctl eval`), accuracy and exit rates stay within 1 point
-    of the trial's where the attention has 8 or 32 bits.  (With 4-bit attention they moved
+    exit the trained network gave it (all of them on an AMD EPYC); with them (`nasctl
+    eval`), accuracy and exit rates stay within 1 point of the trial's where the attention
+    has 8 or 32 bits.  (With 4-bit attention they moved
     by up to 2.2 and 4.5 points: onnxruntime reorders float sums - a MatMul and its bias
     become one Gemm - and 4-bit q, k, v and attention probabilities turn such last-bit
     changes into other levels.)  A taken exit skips the rest, and the layers read back

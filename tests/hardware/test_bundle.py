@@ -44,8 +44,7 @@ def tiny_bundle(folder):
     """The tests' bundle.  Kernels that profile longer than a bundle's threshold are timed
     again alone; this tiny bundle's longest kernels profile near the default 0.5 ms, above it
     on an AMD EPYC and below it on a faster Xeon, so the threshold is set where every
-    machine times some alone (the bundle records it, the
-    runner reads it)."""
+    machine times some alone (the bundle records it, the runner reads it)."""
     import nasctl.hardware.measure.bundle as bundle
 
     default, bundle.LONG_KERNEL_MS = bundle.LONG_KERNEL_MS, 0.01
