@@ -51,7 +51,7 @@ def predict(
         rates = card_exit_rates(Path(model).parent / "card.yaml", exits)
     else:
         rates = None
-    report = cost_model.estimate(imported.layers)
+    report = cost_model.with_layout(cost_model.estimate(imported.layers), imported.layouts)
     for note in imported.notes:
         typer.echo(f"note: {note}", err=True)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Collection, Sequence
+from typing import Collection, Mapping, Sequence
 
 from .layers import LayerSpec
 
@@ -107,6 +107,12 @@ class CostModel(ABC):
                 cost = LayerCost(0.0, 0.0, "unsupported")
             costs.append(cost)
         return CostReport(self.name, list(layers), costs, unsupported)
+
+    def with_layout(self, report: CostReport, layouts: Mapping[int, Sequence]) -> CostReport:
+        """`report` with the cost of the model's layout reorders (`ImportResult.layouts`: the
+        `layout.Reorder`s the ONNX importer finds, per vector width) added to the layers they
+        are charged to, for a device that prices them (a profiled CPU); as it is for others."""
+        return report
 
     @abstractmethod
     def _layer_cost(self, layer: LayerSpec) -> LayerCost | None:

@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, NonNegativeFloat, PositiveFloat
+from pydantic import BaseModel, ConfigDict, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from .. import specs, trees, workspace
 from ..errors import ConfigError, UsageError
@@ -90,6 +90,7 @@ MIN_ROWS = {"additive": 1, "ridge": 12, "boost": 40, "nearest": 5}  # fewest row
 REGRESSORS_FILE = "regressors.json"  # boosted trees fitted to the table, beside it
 REGRESSORS_FORMAT = 7  # what save_regressors writes; older files are read with their types taken again
 KERNEL_FLOOR_MS = 1e-4  # the least a kernel is priced at after a negative per-kernel offset (0.1 µs)
+REPLACED_BY_REORDER = "layout reorder"  # the mapping of a layer a layout reorder runs in place of
 
 
 class _Strict(BaseModel):
@@ -156,12 +157,30 @@ def weight_bytes(layers: Sequence[LayerSpec]) -> float:
     return sum(layer.params * layer.w_bits for layer in layers) / 8
 
 
+class LayoutCost(_Strict):
+    """What onnxruntime's layout reorders cost (`layout.reorders`: the nodes moving a tensor
+    into its blocked channel layout, "in", or out of it, "out"): each reorder a fixed cost,
+    plus a time per element moved, one rate for tensors under `cut_elements` elements (in
+    the caches) and another for larger ones.  Each direction: [fixed ms, ms per element
+    under the cut, ms per element from it].  `block`: the vector width in floats the runtime
+    blocks channels by on this machine (`layout.BLOCKS`), whose reorders are priced."""
+    block: PositiveInt
+    cut_elements: PositiveInt
+    reorder_in: tuple[NonNegativeFloat, NonNegativeFloat, NonNegativeFloat]
+    reorder_out: tuple[NonNegativeFloat, NonNegativeFloat, NonNegativeFloat]
+
+    def ms(self, direction: str, elements: int) -> float:
+        fixed, small, large = self.reorder_in if direction == "in" else self.reorder_out
+        return fixed + elements * (small if elements < self.cut_elements else large)
+
+
 class Overhead(_Strict):
     per_model_ms: NonNegativeFloat = 0.0  # fixed cost of one inference run
     per_layer_ms: float = 0.0             # added to every priced layer
     per_kernel_ms: dict[str, float] = {}  # kernel group (`kernel_group`) -> added to each of its layers
     working_set: Optional[WorkingSet] = None
     weight_stream: Optional[WeightStream] = None
+    layout: Optional[LayoutCost] = None   # priced where a model's layout reorders are known
 
 
 def working_set_bytes(layers: Sequence[LayerSpec]) -> float:
@@ -1081,6 +1100,22 @@ class LutDevice(CostModel):
             report.costs[0] = LayerCost(first.latency_ms + run, first.energy_mj,
                                         f"{first.mapping} + run overhead {run:.4g} ms")
         return report
+
+    def with_layout(self, report: CostReport, layouts: Mapping[int, Sequence]) -> CostReport:
+        cost = self.spec.overhead.layout
+        layout = layouts.get(cost.block, ()) if cost is not None and layouts else ()
+        if not layout or not report.costs:
+            return report
+        costs = list(report.costs)
+        for r in layout:
+            i = min(max(r.layer, 0), len(costs) - 1)
+            c = costs[i]
+            if r.replaces:  # a transpose the reorder runs in place of
+                costs[i] = LayerCost(cost.ms(r.direction, r.elements), c.energy_mj, REPLACED_BY_REORDER)
+            else:
+                costs[i] = LayerCost(c.latency_ms + cost.ms(r.direction, r.elements), c.energy_mj,
+                                     c.mapping if "layout" in c.mapping else f"{c.mapping} + layout reorders")
+        return CostReport(report.device, report.layers, costs, report.unsupported)
 
     def describe(self) -> dict:
         s = self.spec

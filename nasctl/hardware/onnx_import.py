@@ -72,6 +72,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..errors import UsageError
+from .layout import BLOCKS, Reorder, reorders
 from .layers import (MAX_NCHW, SKIP, STRIDED, SUM, WHOLE_BLOCK, LayerSpec, chw, reduction_is_strided,
                      transpose_is_strided)
 
@@ -114,6 +115,9 @@ class ImportResult:
     # Early exits: their names (from If nodes named exit_<name>, else exit0, exit1, ...),
     # outermost first, and "final" (the final classifier) last; ["final"] without exits.
     exits: list[str] = field(default_factory=lambda: ["final"])
+    # The layout reorders onnxruntime's CPU provider runs for the model (`layout.reorders`),
+    # for each vector width it may block channels by (`layout.BLOCKS`).
+    layouts: dict[int, list[Reorder]] = field(default_factory=dict)
 
 
 class UnknownShape(Exception):
@@ -1464,7 +1468,47 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     if decisions:
         notes.append(f"{decisions} nodes of the exits' decisions (each exit's confidence against its threshold) "
                      f"are not priced")
-    return ImportResult(g.layers, unsupported, count, fixed, notes, exits)
+    return ImportResult(g.layers, unsupported, count, fixed, notes, exits, _layout(g, model, ran))
+
+
+def _layout(g: Graph, model: onnx.ModelProto, ran: Optional["InRuntime"]) -> dict[int, list[Reorder]]:
+    """The model's layout reorders (`layout.reorders`): its float weights are its float
+    initializers and what Identity nodes pass on of them (not what a DequantizeLinear makes:
+    onnxruntime fuses such a conv into an integer one); its 8-bit tensors those `bits` tells,
+    but the input of a pool onnxruntime runs on floats (`ran`)."""
+    floats = {i.name for sg in _graphs(model) for i in sg.initializer if i.data_type == TensorProto.FLOAT}
+    values = {i.name: i for sg in _graphs(model) for i in sg.initializer if prod(i.dims) == 1}
+    values.update((n.outputs[0], n.attrs["value"]) for n in g.nodes if n.op_type == "Constant" and "value" in n.attrs)
+    neutral = {"Add": 0.0, "Sub": 0.0, "Mul": 1.0, "Div": 1.0}
+    noops: dict[str, str] = {}
+    for node in g.nodes:
+        if node.op_type == "Identity" and node.inputs and node.inputs[0] in floats:
+            floats.update(node.outputs)
+        elif node.op_type in ("Identity", "Dropout") and node.inputs and node.outputs:
+            noops[node.outputs[0]] = node.inputs[0]
+        elif node.op_type in neutral and len(node.inputs) == 2 and node.inputs[1] in values:
+            v = values[node.inputs[1]]
+            if prod(v.dims) == 1 and float(numpy_helper.to_array(v).reshape(-1)[0]) == neutral[node.op_type]:
+                noops[node.outputs[0]] = node.inputs[0]
+    eight_bit = {name for name in g.shapes if g.bits(name) < 32}
+    if ran is not None:
+        eight_bit -= {n.inputs[0] for n in g.nodes if n.inputs and (n.name, n.op_type) in ran.float_nodes}
+    return {block: [replace(r, layer=_writer(g, r.tensor)) for r in
+                    reorders(g.nodes, g.const, g.shapes, floats, g.outputs, noops, eight_bit, block)]
+            for block in BLOCKS}
+
+
+def _writer(g: Graph, tensor: str) -> int:
+    """The layer writing `tensor`, through the ops that write none (a reshape, an identity);
+    the first layer for a model input."""
+    for _ in range(64):
+        if tensor in g.layer_of:
+            return g.layer_of[tensor]
+        p = g.producer.get(tensor)
+        if p is None or not p.inputs:
+            return 0
+        tensor = g.activation(p)
+    return 0
 
 
 # Ops onnxruntime also runs on 8-bit values under their own name: the QDQ nodes around them

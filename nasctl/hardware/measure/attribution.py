@@ -63,6 +63,10 @@ class MeasuredNetwork:
     # attributed from: a refit attributes them again as the code then does (`reattributed`).
     # Empty for networks measured before they were kept.
     nodes: list[tuple[str, float]] = field(default_factory=list)
+    # The layout reorders onnxruntime runs in it (`ImportResult.layouts`: per vector width);
+    # None where not known (networks measured before they were kept, and not built again):
+    # their reorders' time is then shared among the kernels.
+    layouts: Optional[dict] = None
 
     def reattributed(self) -> "MeasuredNetwork":
         """The network with its layers' times attributed again from its profiled nodes
@@ -82,7 +86,8 @@ class MeasuredNetwork:
                 "layers": [{**row_from_layer(l, 0.0), "name": l.name} for l in self.layers],
                 "layer_ms": list(map(float, self.layer_ms)), "layer_nodes": list(map(float, self.layer_nodes)),
                 "latency_ms": float(self.latency_ms), "alone": {str(j): list(v) for j, v in self.alone.items()},
-                "energy_mj": self.energy_mj, "nodes": [[name, float(ms)] for name, ms in self.nodes]}
+                "energy_mj": self.energy_mj, "nodes": [[name, float(ms)] for name, ms in self.nodes],
+                **({} if self.layouts is None else {"layouts": layout_rows(self.layouts)})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MeasuredNetwork":
@@ -93,7 +98,21 @@ class MeasuredNetwork:
         return cls(d["description"], [replace(layer_from_row(r), name=r.get("name", "")) for r in d["layers"]],
                    d["layer_ms"], d["layer_nodes"], d["latency_ms"],
                    {int(j): tuple(v) for j, v in d.get("alone", {}).items()}, d.get("energy_mj"),
-                   [(str(name), float(ms)) for name, ms in d.get("nodes", [])])
+                   [(str(name), float(ms)) for name, ms in d.get("nodes", [])],
+                   None if "layouts" not in d else layout_from_rows(d["layouts"]))
+
+
+def layout_rows(layouts: dict) -> dict:
+    """Layout reorders per vector width as plain JSON: {width: [[kind, shape, layer, replaces], ...]}."""
+    return {str(block): [[r.kind, list(r.shape), int(r.layer), bool(r.replaces)] for r in rs]
+            for block, rs in layouts.items()}
+
+
+def layout_from_rows(rows: dict) -> dict:
+    from ..layout import Reorder
+
+    return {int(block): [Reorder(str(kind), "", tuple(int(d) for d in shape), int(layer), bool(replaces))
+                         for kind, shape, layer, replaces in rs] for block, rs in rows.items()}
 
 
 def attribute(nodes: list[tuple[str, float]], layers: Sequence[LayerSpec]) -> tuple[list[float], list[float]]:
@@ -111,16 +130,17 @@ def layer_numbers(layers: Sequence[LayerSpec]) -> list[Optional[int]]:
 
 
 def measured_network(description: str, layers: list[LayerSpec], times: NetworkTimes,
-                     long_kernel_ms: float = 0.5) -> MeasuredNetwork:
+                     long_kernel_ms: float = 0.5, layouts: Optional[dict] = None) -> MeasuredNetwork:
     """A network's layers with their shares of what was measured of it (`times`): the
-    profiled node times attributed to them, and the long kernels' times alone."""
+    profiled node times attributed to them, and the long kernels' times alone; `layouts`
+    its layout reorders (`MeasuredNetwork.layouts`)."""
     tags = layer_tags(layers)
     layer_ms, layer_nodes = runner.attribute(times.nodes, tags, layer_numbers(layers))
     alone = {j: times.alone[tag] for tag, js in runner.long_kernels(layer_ms, tags, floats(layers),
                                                                       long_kernel_ms).items()
              if tag in times.alone for j in js}
     return MeasuredNetwork(description, layers, layer_ms, layer_nodes, times.latency_ms, alone, times.energy_mj,
-                           list(times.nodes))
+                           list(times.nodes), layouts)
 
 
 def floats(layers: Sequence[LayerSpec]) -> list[bool]:
@@ -239,11 +259,10 @@ def tagged_by_kernel(model):
     return copy
 
 
-def prepare_networks(networks: Sequence[tuple[object, str]],
-                     folder: Path) -> tuple[list[Network], list[list[LayerSpec]]]:
+def prepare_networks(networks: Sequence[tuple[object, str]], folder: Path) -> tuple[list[Network], list]:
     """Context networks (onnx models with descriptions) written to `folder` to be measured,
-    and their layers as the ONNX importer reads them; a kernel to be timed alone is cut
-    out of its network when the runner asks for it."""
+    and what the ONNX importer reads of them (`ImportResult`: layers and layout reorders); a
+    kernel to be timed alone is cut out of its network when the runner asks for it."""
     from ..onnx_import import import_onnx
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -251,15 +270,15 @@ def prepare_networks(networks: Sequence[tuple[object, str]],
     for i, (model, _) in enumerate(networks):
         path = folder / f"net{i}.onnx"
         path.write_bytes(model.SerializeToString())
-        layers = import_onnx(path).layers
+        result = import_onnx(path)
 
         def alone(tag: int, model=model, stem=path.stem) -> Path:
             kernel = folder / f"{stem}-{tag}.onnx"
             kernel.write_bytes(_kernel_alone(model, f"k{tag}:").SerializeToString())
             return kernel
 
-        prepared.append(Network(path, layer_tags(layers), floats(layers), alone))
-        imported.append(layers)
+        prepared.append(Network(path, layer_tags(result.layers), floats(result.layers), alone))
+        imported.append(result)
     return prepared, imported
 
 
@@ -275,15 +294,50 @@ def measure_networks(networks: Sequence[tuple[object, str]], protocol: Protocol,
     quantization into an integer kernel."""
     prepared, imported = prepare_networks(networks, Path(workdir))
     times = runner.measure_chunk(prepared, protocol, workdir, seed, on_round, long_kernel_ms)
-    return [measured_network(desc, layers, t, long_kernel_ms)
-            for (_, desc), layers, t in zip(networks, imported, times)]
+    return [measured_network(desc, res.layers, t, long_kernel_ms, res.layouts)
+            for (_, desc), res, t in zip(networks, imported, times)]
 
 
 FLOOR_MS = 1e-4  # the least in-context cost a kernel is given (0.1 µs)
 
 
+def known_layout(m: MeasuredNetwork, block: Optional[int]) -> list:
+    """The network's layout reorders for the vector width `block` where they are known and
+    its profile ran as many reorder nodes of each direction as they say (a runtime that lays
+    tensors out otherwise did not); else none (`[]`), its reorders' time then shared among
+    its kernels."""
+    if block is None or not m.layouts or block not in m.layouts or not m.nodes:
+        return []
+    ran = Counter("in" if name.startswith("ReorderInput") else "out" for name, _ in m.nodes
+                  if name.startswith(runner.LAYOUT))
+    layout = m.layouts[block]
+    return list(layout) if ran == Counter(r.direction for r in layout) else []
+
+
+def layout_block(measured: Sequence[MeasuredNetwork]) -> tuple[Optional[int], dict[int, int]]:
+    """The vector width whose predicted reorders agree with the profiled ones on the most
+    networks that ran any (None where none agrees), and the count for each width."""
+    from ..layout import BLOCKS
+
+    agree = {b: sum(1 for m in measured if any(n.startswith(runner.LAYOUT) for n, _ in m.nodes)
+                    and known_layout(m, b)) for b in BLOCKS}
+    best = max(BLOCKS, key=lambda b: (agree[b], b))
+    return (best if agree[best] else None), agree
+
+
+def reorder_times(m: MeasuredNetwork, per_node: float) -> dict[str, float]:
+    """The profiled time of the network's layout reorder nodes, per direction, less the
+    profiler's cost per node."""
+    out = {"in": 0.0, "out": 0.0}
+    for name, ms in m.nodes:
+        if name.startswith(runner.LAYOUT):
+            out["in" if name.startswith("ReorderInput") else "out"] += max(ms - per_node, 0.0)
+    return out
+
+
 def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
-                     known: Optional[tuple[float, float]] = None) -> tuple[list[np.ndarray], dict]:
+                     known: Optional[tuple[float, float]] = None,
+                     block: Optional[int] = None) -> tuple[list[np.ndarray], dict]:
     """Per-layer costs from the profiles and the thread-clock times.
 
     The profiler adds its own cost to every node it times; fit `end-to-end = run overhead
@@ -296,7 +350,10 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
     they share its layout reorders in proportion to their times.  Where long kernels take
     most of the network's time, that scale leans on the typical one by the share they
     take.  `known`: the run overhead and the profiler's cost per node as a profile of this
-    machine fitted them, taken instead of fitting them to `measured`."""
+    machine fitted them, taken instead of fitting them to `measured`.  `block`: the vector
+    width whose layout reorders are priced on their own (`lut.LayoutCost`): a network whose
+    reorders are known for it (`known_layout`) has their time taken off before its kernels
+    are scaled."""
     from scipy.optimize import least_squares
 
     y = np.array([m.latency_ms for m in measured])
@@ -320,7 +377,10 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
         # the run overhead they add up to the network's end-to-end time (measured without
         # the profiler): what the profile gives is each kernel's share of it.
         rest = t[~alone].sum()
-        k = float(np.clip((m.latency_ms - c0 - t[alone].sum()) / rest, 0.5, 2.0)) if rest > 0 else None
+        # Where the network's layout reorders are known, they are priced on their own
+        # (`lut.LayoutCost`): their time is no kernel's.
+        reorders = sum(reorder_times(m, per_node).values()) if known_layout(m, block) else 0.0
+        k = float(np.clip((m.latency_ms - c0 - reorders - t[alone].sum()) / rest, 0.5, 2.0)) if rest > 0 else None
         found.append((t, alone, k, max(0.0, 1.0 - t[alone].sum() / max(m.latency_ms - c0, FLOOR_MS))))
     # Where the long kernels timed alone take most of a network's time, what its other
     # kernels are scaled by is a small difference of two large times, each measured to a

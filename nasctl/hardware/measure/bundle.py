@@ -68,12 +68,13 @@ def _write_network(model, description: str, stem: str, folder: Path) -> dict:
 
     from ..lut import row_from_layer
     from ..onnx_import import import_onnx
-    from .attribution import _kernel_alone, floats, layer_tags
+    from .attribution import _kernel_alone, floats, layer_tags, layout_rows
 
     path = folder / f"{stem}.onnx"
     onnx.save_model(copy.deepcopy(model), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=f"{stem}.data", size_threshold=1024)  # shapes and scales stay inline
-    layers = import_onnx(path).layers
+    result = import_onnx(path)
+    layers = result.layers
     saved = onnx.load(str(path), load_external_data=False)
     external = {t.name: t for t in saved.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
     kernels = {}
@@ -88,7 +89,7 @@ def _write_network(model, description: str, stem: str, folder: Path) -> dict:
             "data": f"{NETWORKS_DIR}/{data.name}" if data.is_file() else None,
             "data_sha256": runner.sha256_of(data) if data.is_file() else None,
             "description": description, "layers": [{**row_from_layer(l, 0.0), "name": l.name} for l in layers],
-            "kernels": kernels}
+            "layouts": layout_rows(result.layouts), "kernels": kernels}
 
 
 def write_bundle(folder: Path, kernels: int = 5000, seed: int = 0, chunk: int = 80, references: int = 3,
@@ -228,7 +229,7 @@ def read_results(results: Path):
     their chunks and the reference networks' times per chunk (`profile.fit_profile`'s
     arguments), checked against the bundle beside it."""
     from ..lut import layer_from_row
-    from .attribution import floats, fusion_in_profile, layer_tags, measured_network
+    from .attribution import floats, fusion_in_profile, layer_tags, layout_from_rows, measured_network
 
     results = Path(results)
     what = f"--bundle-results {results}"
@@ -299,7 +300,8 @@ def read_results(results: Path):
             layers = [replace(layer_from_row(r), name=r.get("name", "")) for r in entry["layers"]]
             if is_network:  # int8 kernels labelled fused or dequantized as the target ran them
                 layers = _as_run(layers, fusion_in_profile(layers, t.ops), fusion)
-            m = measured_network(entry["description"], layers, t, long_ms)
+            m = measured_network(entry["description"], layers, t, long_ms,
+                                 layout_from_rows(entry["layouts"]) if "layouts" in entry else None)
             # what the runner timed alone: by its own rule (the layers of a kernel read from
             # several nodes split evenly), not by the node-numbered shares `m` holds
             need = runner.to_time_alone(t.nodes, layer_tags(layers), floats(layers), long_ms)

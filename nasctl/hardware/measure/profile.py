@@ -21,8 +21,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..fit import MEASUREMENTS_FILE
-from .attribution import (FLOOR_MS, MeasuredNetwork, in_context_costs, measure_networks, measured_network,
-                          prepare_networks, tagged_by_kernel)
+from .attribution import (FLOOR_MS, MeasuredNetwork, in_context_costs, known_layout, layout_block,
+                          measure_networks, measured_network, prepare_networks, reorder_times, tagged_by_kernel)
 from .context import (OPSET, TAG, headed_network, multiplier_network, odd_width_network, random_network,
                       strided_network)
 from .runner import Protocol, measure_chunks
@@ -37,10 +37,9 @@ def machine() -> dict:
 
 def _slower_by(m: MeasuredNetwork, factor: float) -> MeasuredNetwork:
     """`m` with every time divided by `factor`."""
-    return MeasuredNetwork(m.description, m.layers, [t / factor for t in m.layer_ms], m.layer_nodes,
-                           m.latency_ms / factor,
-                           {j: (ms / factor, before / factor, n) for j, (ms, before, n) in m.alone.items()},
-                           m.energy_mj, [(name, ms / factor) for name, ms in m.nodes])
+    return replace(m, layer_ms=[t / factor for t in m.layer_ms], latency_ms=m.latency_ms / factor,
+                   alone={j: (ms / factor, before / factor, n) for j, (ms, before, n) in m.alone.items()},
+                   nodes=[(name, ms / factor) for name, ms in m.nodes])
 
 
 def reference_networks(n: int = 3) -> list:
@@ -230,7 +229,8 @@ def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: i
                 yield chunk_seed, prepared
 
         for k, (times, ref_times) in enumerate(measure_chunks(todo(), ref_nets, protocol, Path(tmp), tick)):
-            measured += [measured_network(networks[i][1], ls, t) for i, ls, t in zip(chunks[k][1], layers[k], times)]
+            measured += [measured_network(networks[i][1], res.layers, t, layouts=res.layouts)
+                         for i, res, t in zip(chunks[k][1], layers[k], times)]
             chunk_of += [k] * len(times)
             ref_ms.append([t.latency_ms for t in ref_times])
     measurement = {**protocol.describe(), "seed": seed, "seeding": seeding_for(kernels), "references": references,
@@ -269,7 +269,9 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
             "layers": [layers_digest(measured[i].layers) for i in picked],
             "ms": [round(float(measured[i].latency_ms), 6) for i in picked]}
     done = sum(len(m.layers) for m in measured)
-    costs, norm = in_context_costs(measured)
+    block, agree = layout_block(measured)
+    costs, norm = in_context_costs(measured, block=block)
+    layout, layout_how = fit_layout_cost(measured, norm["profiler_cost_per_node_ms"], block, agree)
     stream, stream_how = weight_stream(measured, costs)
     if stream is not None:  # the table holds what such layers cost with the weights in the caches
         costs = [resident_costs(stream, m.layers, ts) for m, ts in zip(measured, costs)]
@@ -283,8 +285,10 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
             continue
         # A network's energy goes to its kernels by their share of its time.
         shares = ts / ts.sum() if m.energy_mj is not None else [None] * len(ts)
+        # a transpose a reorder runs in place of (no node of its own) is no kernel's row
+        replaced = {r.layer for r in known_layout(m, block) if r.replaces}
         rows += [{**row_from_layer(layer, ms, None if share is None else max(m.energy_mj * share, FLOOR_MS)),
-                  "group": i} for layer, ms, share in zip(m.layers, ts, shares)]
+                  "group": i} for j, (layer, ms, share) in enumerate(zip(m.layers, ts, shares)) if j not in replaced]
     measurement = {**measurement, "context_networks": len(measured), "kernels_timed": done,
                    "how": "per-node kernel times from onnxruntime profiling inside random context networks, summed "
                           "per kernel (minimum over the profiled runs) less the profiler's own cost per node; "
@@ -305,8 +309,10 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
     fitted = fit_from_lut(name, rows, description=f"onnxruntime CPU on {where}, {threads} thread(s), measured by {by}",
                           extra={"measurement": measurement, "energy": energy,
                                  "overhead": {"per_model_ms": norm["run_overhead_ms"], "per_layer_ms": 0.0,
-                                              **({"weight_stream": stream} if stream is not None else {})}})
+                                              **({"weight_stream": stream} if stream is not None else {}),
+                                              **({"layout": layout} if layout is not None else {})}})
     fitted.spec["fit"]["weight_stream"] = stream_how
+    fitted.spec["fit"]["layout"] = layout_how
     # Each row is one network's in-context time of a kernel, off by its network's noise (two
     # profiles of the same networks differ by 6-15% a row, median): every layer is priced by
     # its type's regressor, fitted to all rows - the offsets below too, on out-of-fold prices.
@@ -317,7 +323,8 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
         fitted.spec["overhead"]["working_set"] = working_set
     fitted.spec["fit"]["kernel_offsets"] = how
     device = fitted.device()
-    error = np.array([device.estimate(m.layers).latency_ms / m.latency_ms - 1 for m in measured])
+    error = np.array([device.with_layout(device.estimate(m.layers), {block: known_layout(m, block)}).latency_ms /
+                      m.latency_ms - 1 for m in measured])
     fitted.report = {"networks": len(measured), "layers": done, "fitting_seconds": time.perf_counter() - start,
                      "networks_rms_error_pct": float(np.sqrt(np.mean(error ** 2)) * 100),
                      "networks_within_10pct": float(np.mean(np.abs(error) <= 0.10))}
@@ -326,6 +333,55 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
                                        "reference_ms": [list(map(float, r)) for r in reference_ms],
                                        "networks": [m.to_dict() for m in raw]}
     return fitted
+
+
+LAYOUT_MIN_NETWORKS = 20  # the fewest networks with reorders of a direction a layout cost is fitted to
+
+
+def fit_layout_cost(measured: Sequence[MeasuredNetwork], per_node: float, block: Optional[int],
+                    agree: dict[int, int]) -> tuple[Optional[dict], dict]:
+    """What the layout reorders cost on this machine (`lut.LayoutCost`, as `overhead.layout`
+    holds it, or None where too few networks tell), and how it was fitted.
+
+    `block` is the vector width whose predicted reorders agree with the profiled ones on the
+    most networks (`layout_block`; `agree`: on how many for each).  Each network whose
+    reorders are known for it (`known_layout`) gives, per direction, its
+    reorders' profiled time (`reorder_times`) against their count and the elements they move
+    in tensors under and from a cut; the three costs are fitted by non-negative least squares
+    on relative errors, for each cut of `layout.CUTS`, and the cut of the least median error
+    is kept.  A reorder copies its tensor into or out of blocks: in the caches it moved 0.09-0.13
+    ns an element here, from memory twice that (tensors of a million elements)."""
+    from scipy.optimize import nnls
+
+    from ..layout import CUTS, cost_terms
+
+    known = [(known_layout(m, block), reorder_times(m, per_node)) for m in measured]
+    known = [(layout, times) for layout, times in known if layout]
+    how = {"networks": len(known), "agreeing_by_width": {int(b): int(n) for b, n in agree.items()},
+           "min_networks": LAYOUT_MIN_NETWORKS,
+           "how": "fixed cost + ms per element under and from the cut, non-negative least squares on relative "
+                  "errors of each network's reorders per direction; the cut of the least median error"}
+    best = None
+    for cut in CUTS:
+        fitted, errors = {}, []
+        for direction in ("in", "out"):
+            pts = [(cost_terms(layout, cut)[direction], times[direction]) for layout, times in known]
+            pts = [(terms, t) for terms, t in pts if terms[0] > 0 and t > 0]
+            if len(pts) < LAYOUT_MIN_NETWORKS:
+                return None, {**how, "note": f"not fitted: {len(pts)} networks with reorders {direction} "
+                                             f"(fewer than {LAYOUT_MIN_NETWORKS})"}
+            a = np.array([terms for terms, _ in pts], dtype=float)
+            t = np.array([ms for _, ms in pts])
+            scale = np.maximum(a.max(axis=0), 1.0)
+            coef = nnls(a / scale / t[:, None], np.ones(len(t)), maxiter=2000)[0] / scale
+            fitted[direction] = [float(c) for c in coef]
+            errors += list(np.abs(a @ coef / t - 1))
+        error = float(np.median(errors))
+        if best is None or error < best[0]:
+            best = (error, cut, fitted)
+    error, cut, fitted = best
+    return ({"block": int(block), "cut_elements": int(cut), "reorder_in": fitted["in"], "reorder_out": fitted["out"]},
+            {**how, "median_error_pct": round(error * 100, 2)})
 
 
 STREAM_MIN_BYTES = 0.8e6  # layers streaming at least this many weight bytes time the rate (`weight_stream`)
@@ -456,7 +512,7 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     from scipy.optimize import least_squares
 
     from ..fit import FittedDevice, _median_rows
-    from ..lut import ENERGY_COLUMN, kernel_group, working_set_bytes
+    from ..lut import ENERGY_COLUMN, REPLACED_BY_REORDER, kernel_group, working_set_bytes
 
     n = len(measured)
     if n < 4 * folds:
@@ -466,14 +522,17 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     col = {g: j for j, g in enumerate(names)}
     targets = ["latency_ms"] + ([ENERGY_COLUMN] if all(ENERGY_COLUMN in r for r in rows) else [])
     base = {**spec, "overhead": {**spec["overhead"], "per_kernel_ms": {}}}
-    price, count = np.zeros(n), np.zeros((n, len(names)))
+    block = (spec["overhead"].get("layout") or {}).get("block")
+    price, count, layout = np.zeros(n), np.zeros((n, len(names))), np.zeros(n)
     for k in range(folds):
         device = FittedDevice(name, base, _median_rows([r for r in rows if fold[r["group"]] != k], targets)).device()
         for i in np.flatnonzero(fold == k):
             report = device.estimate(measured[i].layers)
             price[i] = report.latency_ms
-            for layer, cost in zip(report.layers, report.costs):
-                if cost.mapping != "unsupported":
+            full = device.with_layout(report, {block: known_layout(measured[i], block)})
+            layout[i] = full.latency_ms - price[i]
+            for layer, cost in zip(full.layers, full.costs):
+                if cost.mapping not in ("unsupported", REPLACED_BY_REORDER):
                     count[i, col[kernel_group(layer)]] += 1
     y = np.array([m.latency_ms for m in measured])
     run = float(spec["overhead"].get("per_model_ms", 0.0))
@@ -491,6 +550,8 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     upper = np.r_[bounds_ms[1], [bounds_ms[1]] * k, slope_bounds[1]]
     # the penalties per microsecond of the shared offset and of a deviation, per hundredth of the slope
     weight = np.r_[penalty * 1e3, [group_penalty * 1e3] * k, slope_penalty * 1e2]
+    # (the layout reorders' cost, `lut.LayoutCost`, is neither a kernel's nor scaled by the slope)
+    price = price + layout
     x = least_squares(lambda c: np.r_[(price + columns @ c) / y - 1, weight * c], np.zeros(k + 2),
                       loss="soft_l1", f_scale=0.05, bounds=(lower, upper)).x
     offsets = {g: round(float(x[0] + x[1 + j]), 7) for j, g in enumerate(names) if count[:, col[g]].any()}
@@ -555,9 +616,10 @@ def read_again(measured: Sequence[MeasuredNetwork], measurement: dict) -> list[M
                 out.append(m)
                 continue
             path.write_bytes(model.SerializeToString())
-            layers = import_onnx(path).layers
+            result = import_onnx(path)
+            layers = result.layers
             same = len(layers) == len(m.layers) and all(kernel(a) == kernel(b) for a, b in zip(layers, m.layers))
-            out.append(replace(m, layers=layers).reattributed() if same else m)
+            out.append(replace(m, layers=layers, layouts=result.layouts).reattributed() if same else m)
     return out
 
 
@@ -619,7 +681,7 @@ def validate_models(device, paths: Sequence[Path], rounds: int = 15, seed: int =
     for dev in (device, *compare):
         rows = []
         for path, model, ms in zip(paths, imported, measured):
-            report = dev.estimate(model.layers)
+            report = dev.with_layout(dev.estimate(model.layers), model.layouts)
             rows.append({"model": Path(path).stem, "path": str(path), "predicted_ms": report.latency_ms,
                          "layers": len(model.layers), "unsupported": dict(model.unsupported + report.unsupported),
                          "measured_ms": float(ms), "error_pct": (report.latency_ms / float(ms) - 1) * 100})
@@ -674,16 +736,24 @@ def kernel_breakdown(device, paths: Sequence[Path], protocol: Protocol, seed: in
         models = [(tagged_by_kernel(onnx.load(str(path))), Path(path).stem) for path in paths]
         measured = measure_networks(models, protocol, Path(tmp), seed, on_round, long_kernel_ms=float("inf"))
     spec = getattr(device, "spec", None)
+    cost = getattr(getattr(spec, "overhead", None), "layout", None)
+    block = None if cost is None else cost.block  # without a layout cost, reorders shared as it prices them
     recorded = getattr(spec, "measurement", None) or {}
     known = None  # a profile of this machine: its run overhead and profiler cost per node
     if recorded.get("machine") == machine() and {"run_overhead_ms", "profiler_cost_per_node_ms"} <= set(recorded):
         known = (float(recorded["run_overhead_ms"]), float(recorded["profiler_cost_per_node_ms"]))
-    costs, how = in_context_costs(measured, known=known)
+    costs, how = in_context_costs(measured, known=known, block=block)
     run = float(getattr(getattr(spec, "overhead", None), "per_model_ms", 0.0) or 0.0)
     kinds: dict[str, list[float]] = {}
     layers = []
     for m, measured_ms in zip(measured, costs):
         report = device.estimate(m.layers)
+        reorders = known_layout(m, block)
+        if reorders:  # the layout reorders, priced on their own, beside their profiled time
+            acc = kinds.setdefault("layout reorders", [0, 0.0, 0.0])
+            acc[0] += len(reorders)
+            acc[1] += device.with_layout(report, {block: reorders}).latency_ms - report.latency_ms
+            acc[2] += sum(reorder_times(m, how["profiler_cost_per_node_ms"]).values())
         priced = [c.latency_ms for c in report.costs]
         if priced:
             priced[0] -= run

@@ -1,0 +1,99 @@
+"""Layout reorders: the importer's prediction against what onnxruntime itself runs, and their share of models' time.
+
+For each ONNX model given (folders: every *.onnx in them), the reorder nodes the importer
+predicts (`ImportResult.layouts`, for this machine's vector width, `layout.machine_block`)
+against those in onnxruntime's fully optimized graph of it (`layout.runtime_reorders`),
+by direction; with `--shares`, each model profiled once (one thread) for the share of its
+profiled time its reorder nodes take.  Published models (`benchmarks/published.py` writes
+them into WORKSPACE/published), the zoo (WORKSPACE/zoo), a bundle's context networks
+(BUNDLE/networks/netNNNN.onnx) and ee-vit exports (`benchmarks/vit.py export`) are what
+the figures in benchmarks/README.md were measured on.
+
+  python benchmarks/layout.py [--shares] [--every N] PATH [PATH ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nasctl.hardware.layout import machine_block, runtime_reorders  # noqa: E402
+from nasctl.hardware.onnx_import import import_onnx  # noqa: E402
+
+
+def models(paths: list[Path], every: int) -> list[Path]:
+    found = []
+    for p in paths:
+        if p.is_dir():
+            files = sorted(p.glob("*.onnx"))
+            if (p / "bundle.json").is_file() or p.name == "networks":  # a bundle's context networks, not its kernels
+                files = sorted(f for f in (p.glob("net*.onnx") if p.name == "networks" else p.glob("networks/net*.onnx"))
+                               if re.fullmatch(r"net\d+\.onnx", f.name))
+            found += files[::every]
+        else:
+            found.append(p)
+    return found
+
+
+def reorder_share(path: Path) -> float:
+    """The share of the model's profiled node time (the fastest of 20 runs per node) its
+    reorder nodes take, one thread."""
+    import numpy as np
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = so.inter_op_num_threads = 1
+        so.enable_profiling = True
+        so.profile_file_prefix = str(Path(tmp) / "p")
+        session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        feeds = {i.name: np.random.rand(*[d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
+                 for i in session.get_inputs()}
+        for _ in range(20):
+            session.run(None, feeds)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    fastest: dict[str, tuple[float, str]] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            op = e["args"].get("op_name", "")
+            if e["name"] not in fastest or e["dur"] < fastest[e["name"]][0]:
+                fastest[e["name"]] = (e["dur"], op)
+    total = sum(d for d, _ in fastest.values())
+    return sum(d for d, op in fastest.values() if op.startswith("Reorder")) / total if total else 0.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="+", type=Path)
+    ap.add_argument("--shares", action="store_true", help="profile each model for its reorders' share of its time")
+    ap.add_argument("--every", type=int, default=1, help="take every N-th model of a folder")
+    args = ap.parse_args()
+    block = machine_block()
+    if block is None:
+        sys.exit("this machine's onnxruntime runs no blocked layout (x86 with AVX2 or AVX-512 only)")
+    total = Counter()
+    for path in models(args.paths, args.every):
+        predicted = Counter(r.direction for r in import_onnx(path).layouts[block])
+        ran = Counter(runtime_reorders(path))
+        total["models"] += 1
+        total["agree"] += predicted == ran
+        total["predicted"] += sum(predicted.values())
+        total["ran"] += sum(ran.values())
+        line = f"{path.stem:<36} ran in {ran['in']:>3} out {ran['out']:>3}   predicted in {predicted['in']:>3} " \
+               f"out {predicted['out']:>3}" + ("" if predicted == ran else "   (differs)")
+        if args.shares:
+            line += f"   reorders {reorder_share(path) * 100:5.1f}% of its profiled time"
+        print(line, flush=True)
+    print(f"vector width {block}: {total['agree']} of {total['models']} models predicted exactly "
+          f"({total['predicted']} reorders predicted, {total['ran']} run)")
+
+
+if __name__ == "__main__":
+    main()
