@@ -1487,8 +1487,11 @@ def _layout(g: Graph, model: onnx.ModelProto, ran: Optional["InRuntime"]) -> dic
         elif node.op_type in ("Identity", "Dropout") and node.inputs and node.outputs:
             noops[node.outputs[0]] = node.inputs[0]
         elif node.op_type in neutral and len(node.inputs) == 2 and node.inputs[1] in values:
-            v = values[node.inputs[1]]
-            if prod(v.dims) == 1 and float(numpy_helper.to_array(v).reshape(-1)[0]) == neutral[node.op_type]:
+            try:
+                value = numpy_helper.to_array(values[node.inputs[1]]).reshape(-1)
+            except (ValueError, TypeError):  # values not read (stored apart) or not numbers
+                continue
+            if value.size == 1 and float(value[0]) == neutral[node.op_type]:
                 noops[node.outputs[0]] = node.inputs[0]
     eight_bit = {name for name in g.shapes if g.bits(name) < 32}
     if ran is not None:

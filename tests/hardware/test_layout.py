@@ -90,6 +90,28 @@ def test_reorders_of_profile_context_networks_agree_with_onnxruntime(tmp_path):
     assert agree == 24
 
 
+def test_an_add_of_zero_runs_no_node_and_keeps_the_layout(tmp_path):
+    """onnxruntime drops an add of a constant zero (MobileOne's unfused branches export one
+    after each block): the conv's output stays blocked through it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.random((32, 32, 1, 1), dtype=np.float32), name) for name in ("w1", "w2")]
+    zero = numpy_helper.from_array(np.zeros((), dtype=np.float32), "zero")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"]), helper.make_node("Add", ["c", "zero"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Conv", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 8, 8])],
+                              [*weights, zero])
+    path = tmp_path / "zero.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    for block in BLOCKS:  # the input in, the output out: nothing between the convs
+        assert predicted(path, block) == {"in": 1, "out": 1}
+    block = machine_block()
+    if block is not None:
+        assert predicted(path, block) == Counter(runtime_reorders(path))
+
+
 def test_a_ghost_module_runs_reorders_only_where_its_concat_is_not_whole_blocks(tmp_path):
     """12 + 12 channels are whole blocks of neither width; 16 + 16 are of 8 and 16."""
     def ghost(half):
