@@ -15,7 +15,6 @@ the figures in benchmarks/README.md were measured on.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import tempfile
@@ -43,30 +42,20 @@ def models(paths: list[Path], every: int) -> list[Path]:
 
 
 def reorder_share(path: Path) -> float:
-    """The share of the model's profiled node time (the fastest of 20 runs per node) its
-    reorder nodes take, one thread."""
+    """The share of the model's profiled node time (each node's fastest of 20 runs, one
+    thread) its reorder nodes take."""
     import numpy as np
-    import onnxruntime as ort
+
+    from nasctl.hardware.measure.runner import make_session, random_feed, read_profile
 
     with tempfile.TemporaryDirectory() as tmp:
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = so.inter_op_num_threads = 1
-        so.enable_profiling = True
-        so.profile_file_prefix = str(Path(tmp) / "p")
-        session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        feeds = {i.name: np.random.rand(*[d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
-                 for i in session.get_inputs()}
+        session = make_session(path, 1, str(Path(tmp) / "p"))
+        feed = random_feed(session, np.random.default_rng(0))
         for _ in range(20):
-            session.run(None, feeds)
-        events = json.loads(Path(session.end_profiling()).read_text())
-    fastest: dict[str, tuple[float, str]] = {}
-    for e in events:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            op = e["args"].get("op_name", "")
-            if e["name"] not in fastest or e["dur"] < fastest[e["name"]][0]:
-                fastest[e["name"]] = (e["dur"], op)
-    total = sum(d for d, _ in fastest.values())
-    return sum(d for d, op in fastest.values() if op.startswith("Reorder")) / total if total else 0.0
+            session.run(None, feed)
+        nodes, ops = read_profile(session.end_profiling())
+    total = sum(ms for _, ms in nodes)
+    return sum(ms for name, ms in nodes if ops.get(name, "").startswith("Reorder")) / total if total else 0.0
 
 
 def main() -> None:

@@ -248,22 +248,13 @@ def runtime_reorders(path) -> dict[str, int]:
     """The reorder nodes onnxruntime's CPU provider itself puts in its fully optimized graph
     of the ONNX model at `path`, by direction: what `reorders` predicts, read from the
     runtime of this machine (for checking it; pricing never builds a session)."""
-    import tempfile
     from collections import Counter
-    from pathlib import Path
 
-    import onnx
     import onnxruntime as ort
 
-    with tempfile.TemporaryDirectory(prefix="nasctl-layout-") as tmp:
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        so.intra_op_num_threads = so.inter_op_num_threads = 1
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.add_session_config_entry("session.disable_prepacking", "1")
-        so.optimized_model_filepath = str(Path(tmp) / "all.onnx")
-        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        nodes = onnx.load(so.optimized_model_filepath, load_external_data=False).graph.node
+    from .onnx_import import optimized_nodes
+
+    nodes = optimized_nodes(path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     return dict(Counter("in" if n.op_type == "ReorderInput" else "out" for n in nodes
                         if n.op_type in ("ReorderInput", "ReorderOutput")))
 

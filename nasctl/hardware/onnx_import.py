@@ -1532,41 +1532,47 @@ class InRuntime:
     plain_pools: frozenset
 
 
+def optimized_nodes(path: Path, level) -> list:
+    """The nodes (those of subgraphs too) of the graph onnxruntime's CPU provider optimizes
+    the ONNX model at `path` into at optimization `level` (`ort.GraphOptimizationLevel`);
+    onnxruntime's own error where it cannot load the model."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="nasctl-ort-") as tmp:
+        so = ort.SessionOptions()
+        so.log_severity_level = 4  # fatal only: the caller handles a model it cannot load
+        so.intra_op_num_threads = so.inter_op_num_threads = 1  # no thread pools to start
+        so.graph_optimization_level = level
+        # the optimized graph is all that is read: no kernel needs its weights packed
+        so.add_session_config_entry("session.disable_prepacking", "1")
+        so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        return list(all_nodes(_read_model(Path(so.optimized_model_filepath)).graph))
+
+
 def _in_runtime(path: Path) -> Optional[InRuntime]:
     """Read from the graphs onnxruntime optimizes the model into: QDQ fusion (extended
     optimizations, layout changes not) and, where the model has 8-bit max pools, the
     layout each runs in (all optimizations).  None where it cannot load the model."""
-    import tempfile
-
     try:
         import onnxruntime as ort
 
-        with tempfile.TemporaryDirectory(prefix="nasctl-ort-") as tmp:
-            def optimized(level, name: str) -> list:
-                so = ort.SessionOptions()
-                so.log_severity_level = 4  # fatal only: a model it cannot load is handled below
-                so.intra_op_num_threads = so.inter_op_num_threads = 1  # no thread pools to start
-                so.graph_optimization_level = level
-                # the optimized graph is all that is read: no kernel needs its weights packed
-                so.add_session_config_entry("session.disable_prepacking", "1")
-                so.optimized_model_filepath = str(Path(tmp) / name)
-                ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-                return list(all_nodes(_read_model(Path(so.optimized_model_filepath)).graph))
-
-            nodes = optimized(ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "extended.onnx")
-            made_by = {o: n.op_type for n in nodes for o in n.output}
-            onnx_op = [bool(n.name) and n.domain in ("", "ai.onnx") for n in nodes]
-            on_float = [n.op_type not in EIGHT_BIT_OPS or made_by.get(n.input[0] if n.input else "") ==
-                        "DequantizeLinear" for n in nodes]
-            float_nodes = frozenset((n.name, n.op_type) for n, o, f in zip(nodes, onnx_op, on_float) if o and f)
-            pools = {n.name for n, o, f in zip(nodes, onnx_op, on_float) if o and not f and n.op_type == "MaxPool"}
-            plain = frozenset()
-            if pools:  # converted to NhwcMaxPool, a pool gets another name and domain
-                try:
-                    plain = frozenset(n.name for n in optimized(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "all.onnx")
-                                      if n.op_type == "MaxPool" and n.domain in ("", "ai.onnx") and n.name in pools)
-                except Exception:  # noqa: BLE001 - not fully optimized: its pools count as channels-last
-                    pass
+        nodes = optimized_nodes(path, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)
+        made_by = {o: n.op_type for n in nodes for o in n.output}
+        onnx_op = [bool(n.name) and n.domain in ("", "ai.onnx") for n in nodes]
+        on_float = [n.op_type not in EIGHT_BIT_OPS or made_by.get(n.input[0] if n.input else "") ==
+                    "DequantizeLinear" for n in nodes]
+        float_nodes = frozenset((n.name, n.op_type) for n, o, f in zip(nodes, onnx_op, on_float) if o and f)
+        pools = {n.name for n, o, f in zip(nodes, onnx_op, on_float) if o and not f and n.op_type == "MaxPool"}
+        plain = frozenset()
+        if pools:  # converted to NhwcMaxPool, a pool gets another name and domain
+            try:
+                plain = frozenset(n.name for n in optimized_nodes(path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+                                  if n.op_type == "MaxPool" and n.domain in ("", "ai.onnx") and n.name in pools)
+            except Exception:  # noqa: BLE001 - not fully optimized: its pools count as channels-last
+                pass
     except Exception:  # noqa: BLE001 - the runtime cannot load it: the graph's structure decides
         return None
     return InRuntime(float_nodes, plain)
