@@ -2,7 +2,7 @@
 
 For each ONNX model given (folders: every *.onnx in them), the reorder nodes the importer
 predicts (`ImportResult.layouts`, for this machine's vector width, `layout.machine_block`)
-against those in onnxruntime's fully optimized graph of it (`layout.runtime_reorders`),
+against those in onnxruntime's fully optimized graph of it (`onnx_import.runtime_reorders`),
 by direction; with `--shares`, each model profiled once (one thread) for the share of its
 profiled time its reorder nodes take.  Published models (`benchmarks/published.py` writes
 them into WORKSPACE/published), the zoo (WORKSPACE/zoo), a bundle's context networks
@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nasctl.hardware.layout import machine_block, runtime_reorders  # noqa: E402
-from nasctl.hardware.onnx_import import import_onnx  # noqa: E402
+from nasctl.hardware.layout import machine_block  # noqa: E402
+from nasctl.hardware.onnx_import import import_onnx, runtime_reorders  # noqa: E402
 
 
 def models(paths: list[Path], every: int) -> list[Path]:

@@ -244,21 +244,6 @@ def cost_terms(made: Sequence[Reorder], cut: int) -> dict[str, tuple[int, int, i
     return {k: (a, b, c) for k, (a, b, c) in terms.items()}
 
 
-def runtime_reorders(path) -> dict[str, int]:
-    """The reorder nodes onnxruntime's CPU provider itself puts in its fully optimized graph
-    of the ONNX model at `path`, by direction: what `reorders` predicts, read from the
-    runtime of this machine (for checking it; pricing never builds a session)."""
-    from collections import Counter
-
-    import onnxruntime as ort
-
-    from .onnx_import import optimized_nodes
-
-    nodes = optimized_nodes(path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-    return dict(Counter("in" if n.op_type == "ReorderInput" else "out" for n in nodes
-                        if n.op_type in ("ReorderInput", "ReorderOutput")))
-
-
 def machine_block() -> Optional[int]:
     """The vector width in floats onnxruntime blocks channels by on this machine: 16 with
     AVX-512, 8 with AVX2 (x86 Linux, read from /proc/cpuinfo); None elsewhere."""

@@ -1552,6 +1552,17 @@ def optimized_nodes(path: Path, level) -> list:
         return list(all_nodes(_read_model(Path(so.optimized_model_filepath)).graph))
 
 
+def runtime_reorders(path: Path) -> dict[str, int]:
+    """The layout reorder nodes onnxruntime's CPU provider itself puts in its fully optimized
+    graph of the ONNX model at `path`, by direction ("in", "out"): what `layout.reorders`
+    predicts, read from this machine's runtime (for checking it; pricing builds no session)."""
+    import onnxruntime as ort
+
+    nodes = optimized_nodes(path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    return dict(Counter("in" if n.op_type == "ReorderInput" else "out" for n in nodes
+                        if n.op_type in ("ReorderInput", "ReorderOutput")))
+
+
 def _in_runtime(path: Path) -> Optional[InRuntime]:
     """Read from the graphs onnxruntime optimizes the model into: QDQ fusion (extended
     optimizations, layout changes not) and, where the model has 8-bit max pools, the

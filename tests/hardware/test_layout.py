@@ -10,13 +10,13 @@ import onnx
 import pytest
 
 from nasctl.hardware.layers import LayerSpec
-from nasctl.hardware.layout import BLOCKS, Reorder, machine_block, runtime_reorders
+from nasctl.hardware.layout import BLOCKS, Reorder, machine_block
 from nasctl.hardware.lut import LutDevice, LutSpec
 from nasctl.hardware.measure.attribution import (MeasuredNetwork, attribute, in_context_costs, known_layout,
                                                  layout_block)
 from nasctl.hardware.measure.context import NetBuilder
 from nasctl.hardware.measure.profile import SEEDINGS, context_network, fit_layout_cost
-from nasctl.hardware.onnx_import import import_onnx
+from nasctl.hardware.onnx_import import import_onnx, runtime_reorders
 
 
 def predicted(path: Path, block: int) -> Counter:
