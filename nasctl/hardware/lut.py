@@ -51,7 +51,8 @@ size of its weights and activations (`WorkingSet`): the same kernel runs slower 
 large model, whose tensors have left the caches by the time it runs again, than in a
 small one.  `overhead.weight_stream` (fitted by `hw profile`, `WeightStream`) adds to a
 layer that multiplies one row by its weights (a classifier) what reading them from memory
-instead of the caches costs in a model of its weight bytes.  With
+instead of the caches costs in a model of its weight bytes, and `overhead.weight_reread`
+the same to a float conv or linear layer of a few output positions (`rereads_weights`).  With
 no energy column the device models latency only (`models_energy: false`).
 """
 
@@ -126,6 +127,13 @@ class WeightStream(_Strict):
     # Whether 1x1 convs on 1x1 maps count as such layers (`streams_weights`): fits before they
     # did keep those convs' reading in their table rows, and price them as before.
     convs: bool = False
+    # Which layers the curve prices: 1, those of one row (`streams_weights`); more, the
+    # float convs and linear layers of 2 to `max_rows` output positions (`rereads_weights`,
+    # `overhead.weight_reread`), whose table rows hold their time with the weights in the
+    # caches (timed alone) and whose rates are then their time per megabyte beyond it.
+    max_rows: PositiveInt = 1
+    # The fewest weight bytes of a layer the curve prices (the least its fit measured).
+    min_bytes: NonNegativeFloat = 0.0
 
     def rate(self, weights: float) -> float:
         """Milliseconds per megabyte of weights read in a model of `weights` bytes."""
@@ -136,7 +144,9 @@ class WeightStream(_Strict):
     def extra_ms(self, layer: LayerSpec, weights: float) -> float:
         """What `layer` costs beyond its resident price in a model of `weights` weight bytes
         (0 for a layer that does not stream its weights)."""
-        if not streams_weights(layer, self.convs):
+        if not (streams_weights(layer, self.convs) if self.max_rows == 1 else rereads_weights(layer, self.max_rows)):
+            return 0.0
+        if layer.params * layer.w_bits / 8 < self.min_bytes:
             return 0.0
         return layer.params * layer.w_bits / 8e6 * (self.rate(weights) - self.resident_ms_per_mb)
 
@@ -150,6 +160,18 @@ def streams_weights(layer: LayerSpec, convs: bool = True) -> bool:
                                        and layer.in_hw == (1, 1))
     return (one_row and layer.out_hw[0] * layer.out_hw[1] == 1 and layer.groups == 1
             and layer.w_bits == 32 and not layer.dequantized)
+
+
+def rereads_weights(layer: LayerSpec, max_rows: int) -> bool:
+    """Whether `layer` is a float conv or linear layer of 2 to `max_rows` output positions
+    (tokens, or pixels of its output map), or a conv of one that `streams_weights` leaves
+    out (a 3x3 conv on a 1x1 map): it computes a few rows per weight, too few to hide
+    reading them from memory where the model's weights do not stay in the caches between
+    runs (`overhead.weight_reread`: ViT-B/16's linear layers of 37 tokens, ConvNeXt's of
+    16-64 and ResNet's last-stage convs of 25)."""
+    rows = layer.out_hw[0] * layer.out_hw[1]
+    return (layer.op in ("conv", "linear") and rows <= max_rows and layer.w_bits == 32 and not layer.dequantized
+            and layer.params > 0 and not streams_weights(layer, convs=True))
 
 
 def weight_bytes(layers: Sequence[LayerSpec]) -> float:
@@ -180,6 +202,7 @@ class Overhead(_Strict):
     per_kernel_ms: dict[str, float] = {}  # kernel group (`kernel_group`) -> added to each of its layers
     working_set: Optional[WorkingSet] = None
     weight_stream: Optional[WeightStream] = None
+    weight_reread: Optional[WeightStream] = None  # for layers of a few rows (`rereads_weights`)
     layout: Optional[LayoutCost] = None   # priced where a model's layout reorders are known
 
 
@@ -1077,7 +1100,7 @@ class LutDevice(CostModel):
         """False where the spec prices something of a model as a whole: its run overhead,
         working set or the weight bytes its classifiers stream."""
         o = self.spec.overhead
-        return not (o.per_model_ms or o.working_set or o.weight_stream)
+        return not (o.per_model_ms or o.working_set or o.weight_stream or o.weight_reread)
 
     def estimate(self, layers: Sequence[LayerSpec]) -> CostReport:
         self._price_new(layers)
@@ -1085,9 +1108,10 @@ class LutDevice(CostModel):
         factor = working_set_factor(self.spec.overhead.working_set, layers)
         if factor != 1.0:
             report.costs = [LayerCost(c.latency_ms * factor, c.energy_mj, c.mapping) for c in report.costs]
-        stream = self.spec.overhead.weight_stream
-        if stream is not None:
-            weights = weight_bytes(layers)
+        weights = weight_bytes(layers)
+        for stream in (self.spec.overhead.weight_stream, self.spec.overhead.weight_reread):
+            if stream is None:
+                continue
             for i, layer in enumerate(layers):
                 extra = stream.extra_ms(layer, weights)
                 cost = report.costs[i]

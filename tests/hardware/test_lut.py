@@ -434,6 +434,43 @@ def test_a_classifier_reads_its_weights_from_the_caches_in_a_small_model_and_fro
         assert dev.estimate(model).costs[-1].latency_ms - want == pytest.approx(want_extra)
 
 
+def test_layers_of_a_few_rows_pay_for_reading_their_weights_from_memory_in_a_model_too_large_for_the_caches(rows):
+    """`overhead.weight_reread`: a float linear layer of a few tokens (ViT-B/16's 37) or a
+    conv of a few output pixels pays its weights' megabytes times the curve's rate beyond
+    its resident price, by the model's weight bytes; a layer of many rows, an int8 one, a
+    classifier of one row (`weight_stream`'s) and every other layer pay nothing more."""
+    from dataclasses import replace
+
+    from nasctl.hardware.lut import WeightStream, rereads_weights, weight_bytes
+
+    mlp = LayerSpec("linear", 768, 3072, (37, 1), (37, 1), bias=True)  # 9.4 MB, 37 tokens
+    assert rereads_weights(mlp, 64) and not rereads_weights(mlp, 16)
+    last_stage = conv(512, 512, 5)  # a 3x3 conv on a 5x5 map: 25 rows
+    assert rereads_weights(last_stage, 64)
+    for other in (replace(mlp, in_hw=(197, 1), out_hw=(197, 1)), replace(mlp, w_bits=8, a_bits=8),
+                  replace(mlp, dequantized=True), LayerSpec("linear", 768, 1000, (1, 1), (1, 1)),
+                  LayerSpec("conv", 768, 1000, (1, 1), (1, 1)), conv(64, 64, 56), LayerSpec("act", 768, 768, (37, 1), (37, 1))):
+        assert not rereads_weights(other, 64), other
+    assert rereads_weights(replace(LayerSpec("conv", 768, 1000, (1, 1), (1, 1)), kernel=(3, 3)), 64)  # 3x3 on 1x1
+    table = rows + [row_from_layer(mlp, 1.0), row_from_layer(last_stage, 0.4)]
+    reread = {"cache_bytes": 100e6, "width": 0.5, "resident_ms_per_mb": 0.0, "streamed_ms_per_mb": 0.03,
+              "convs": True, "max_rows": 64}
+    plain, rereading = device(table), device(table, overhead={"weight_reread": reread})
+    assert not rereading.additive
+    small = [conv(16, 16, 32), mlp]  # 9.4 MB of weights: they stay in the caches
+    large = [conv(16, 16, 32), last_stage] + [mlp] * 36  # 350 MB: they do not
+    for layers, most in ((small, 0.002), (large, 0.03)):
+        got, want = rereading.estimate(layers), plain.estimate(layers)
+        share = WeightStream(**reread).rate(weight_bytes(layers))
+        assert got.costs[0].latency_ms == want.costs[0].latency_ms  # a conv of 1024 rows
+        for i in (1, len(layers) - 1):
+            extra = got.costs[i].latency_ms - want.costs[i].latency_ms
+            assert extra == pytest.approx(layers[i].params * 4 / 1e6 * share)
+            assert extra <= layers[i].params * 4 / 1e6 * most
+    big = rereading.estimate(large).costs[-1]
+    assert big.mapping.endswith("+ weights streamed") and big.latency_ms > 1.25 * plain.estimate(large).costs[-1].latency_ms
+
+
 def test_a_working_set_without_a_positive_reference_is_refused_in_one_line(tmp_path, rows):
     from nasctl.hardware.loader import load_device
 

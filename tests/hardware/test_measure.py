@@ -997,6 +997,56 @@ def test_where_a_classifier_starts_reading_from_memory_does_not_jump_between_two
     assert all(abs(np.log(m / 12e6)) < np.log(1.25) for m in middles), middles
 
 
+def test_what_layers_of_a_few_rows_pay_for_reading_their_weights_is_fitted_from_their_alone_times():
+    """`weight_reread`: a long kernel timed alone keeps its weights in the caches; profiled
+    in its network it pays their reading from memory where the network's weights do not
+    stay there.  From that excess per MB, over networks of 5-600 MB, the fit recovers the
+    curve the times were drawn from (its middle within 30%, its memory rate within 15%),
+    and `in_context_costs` given it neither loads the excess on the network's other
+    kernels nor leaves it in a profiled layer's cost."""
+    from nasctl.hardware.lut import WeightStream, weight_bytes
+    from nasctl.hardware.measure.attribution import MeasuredNetwork
+    from nasctl.hardware.measure.profile import weight_reread
+
+    truth = WeightStream(cache_bytes=120e6, width=0.5, resident_ms_per_mb=0.0, streamed_ms_per_mb=0.03,
+                         convs=True, max_rows=64)
+    draw, noise = np.random.default_rng(3), np.random.default_rng(4)
+    run_ms, per_node = 0.005, 0.001
+    measured = []
+    for i in range(60):
+        dim = int(draw.integers(512, 1536))
+        depth = int(np.exp(draw.uniform(np.log(1), np.log(60))))
+        layers = [LayerSpec("conv", 3, 64, (64, 64), (32, 32), (3, 3), stride=2, name="k0:conv"),
+                  LayerSpec("linear", 1024, 1024, (16, 1), (16, 1), name="k1:short")]  # profiled, not alone
+        layers += [LayerSpec("linear", dim, dim * 4, (37, 1), (37, 1), name=f"k{j + 2}:mm") for j in range(depth)]
+        w = weight_bytes(layers)
+        resident = [0.05, 0.2] + [layer.macs * 1.2e-8 for layer in layers[2:]]
+        excess = [truth.extra_ms(layer, w) for layer in layers]
+        profiled = [(r + e) * float(np.exp(noise.normal(0, 0.03))) + per_node for r, e in zip(resident, excess)]
+        alone = {j: (resident[j] + run_ms, 0.0, 0) for j in range(2, len(layers))}
+        measured.append(MeasuredNetwork(f"net {i}", layers, profiled, [1.0] * len(layers),
+                                        run_ms + sum(resident) + sum(excess), alone))
+    fitted, how = weight_reread(measured, per_node, run_ms)
+    assert fitted is not None, how
+    # (a layer holding more than four fifths of its network's weights is left out)
+    assert fitted["max_rows"] == 64 and fitted["min_bytes"] == 0.8e6 and how["layers"] == sum(
+        m.layers[j].params * 4 <= 0.8 * weight_bytes(m.layers) for m in measured for j in m.alone)
+    assert how["layers"] > 600
+    assert abs(np.log(fitted["cache_bytes"] / 120e6)) < np.log(1.3), fitted
+    assert fitted["resident_ms_per_mb"] < 0.003 and abs(fitted["streamed_ms_per_mb"] / 0.03 - 1) < 0.15, fitted
+    plain, _ = in_context_costs(measured, known=(run_ms, per_node))
+    costs, _ = in_context_costs(measured, known=(run_ms, per_node), reread=truth.model_dump())
+    big = max(range(len(measured)), key=lambda i: weight_bytes(measured[i].layers))
+    excess_of = lambda i: truth.extra_ms(measured[i].layers[1], weight_bytes(measured[i].layers))  # noqa: E731
+    assert weight_bytes(measured[big].layers) > 300e6
+    # the conv's profiled time, scaled to the network's: with the excess counted, what it took
+    assert costs[big][0] == pytest.approx(0.05, rel=0.1) and plain[big][0] > 1.1 * costs[big][0]
+    # a profiled layer of a few rows: its cost without what reading its weights took there
+    assert excess_of(big) > 0.05 and costs[big][1] == pytest.approx(0.2, rel=0.1) and plain[big][1] > 0.24
+    # a long layer's cost is its alone time either way
+    assert costs[big][2:] == pytest.approx(plain[big][2:])
+
+
 def test_a_weight_streaming_fit_the_solver_gives_up_on_leaves_the_profile_without_it(monkeypatch):
     """The measurements of a profile are not lost to the rates' linear program: where it
     finds no solution, `weight_stream` returns no fit (the device is then fitted without

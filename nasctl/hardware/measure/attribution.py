@@ -337,7 +337,7 @@ def reorder_times(m: MeasuredNetwork, per_node: float) -> dict[str, float]:
 
 def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
                      known: Optional[tuple[float, float]] = None,
-                     block: Optional[int] = None) -> tuple[list[np.ndarray], dict]:
+                     block: Optional[int] = None, reread: Optional[dict] = None) -> tuple[list[np.ndarray], dict]:
     """Per-layer costs from the profiles and the thread-clock times.
 
     The profiler adds its own cost to every node it times; fit `end-to-end = run overhead
@@ -353,8 +353,14 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
     machine fitted them, taken instead of fitting them to `measured`.  `block`: the vector
     width whose layout reorders are priced on their own (`lut.LayoutCost`): a network whose
     reorders are known for it (`known_layout`) has their time taken off before its kernels
-    are scaled."""
+    are scaled.  `reread`: what layers of a few rows pay for reading their weights from
+    memory (`lut.WeightStream` as `overhead.weight_reread` holds it): a long one's alone
+    time leaves it out, so it counts with that time towards the network's, and a profiled
+    one's time (which holds it) has it taken off once scaled - the kernels' costs are then
+    what they cost with their weights in the caches, as the table holds them."""
     from scipy.optimize import least_squares
+
+    from ..lut import WeightStream, weight_bytes
 
     y = np.array([m.latency_ms for m in measured])
     S = np.array([sum(ms for _, ms in m.nodes) if m.nodes else sum(m.layer_ms) for m in measured])
@@ -367,8 +373,12 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
         loss="soft_l1", f_scale=0.05, bounds=([0, 0], [np.inf, np.inf])).x
     c0 = float(min(c0, 0.5 * y.min()))
     costs, scales, found = [], [], []
+    stream = None if reread is None else WeightStream(**reread)
     for m in measured:
         t = np.maximum(np.array(m.layer_ms) - per_node * np.array(m.layer_nodes), FLOOR_MS)
+        weights = weight_bytes(m.layers) if stream is not None else 0.0
+        extra = np.array([stream.extra_ms(layer, weights) for layer in m.layers] if stream is not None
+                         else np.zeros(len(t)))
         alone = np.zeros(len(t), dtype=bool)
         for j, (ms, boundary_ms, boundary_nodes) in m.alone.items():
             t[j] = max(ms - c0 - (boundary_ms - per_node * boundary_nodes), FLOOR_MS)
@@ -380,8 +390,9 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
         # Where the network's layout reorders are known, they are priced on their own
         # (`lut.LayoutCost`): their time is no kernel's.
         reorders = sum(reorder_times(m, per_node).values()) if known_layout(m, block) else 0.0
-        k = float(np.clip((m.latency_ms - c0 - reorders - t[alone].sum()) / rest, 0.5, 2.0)) if rest > 0 else None
-        found.append((t, alone, k, max(0.0, 1.0 - t[alone].sum() / max(m.latency_ms - c0, FLOOR_MS))))
+        long_ms = t[alone].sum() + extra[alone].sum()
+        k = float(np.clip((m.latency_ms - c0 - reorders - long_ms) / rest, 0.5, 2.0)) if rest > 0 else None
+        found.append((t, alone, k, max(0.0, 1.0 - long_ms / max(m.latency_ms - c0, FLOOR_MS)), extra))
     # Where the long kernels timed alone take most of a network's time, what its other
     # kernels are scaled by is a small difference of two large times, each measured to a
     # few percent: in two profiles of the same networks it moved by 28% or more for one in
@@ -389,13 +400,15 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
     # share of its time the long kernels leave, on the typical one: the median over the
     # networks without long kernels (1, the profiled times as they are, where every
     # network has some, as a few models broken down by kernel may).
-    plain = [k for (_, alone, k, _) in found if k is not None and not alone.any()]
+    plain = [k for (_, alone, k, _, _) in found if k is not None and not alone.any()]
     typical = float(np.median(plain)) if plain else 1.0
-    for t, alone, k, share in found:
+    for t, alone, k, share, extra in found:
         if k is not None:
             k = float(np.exp(share * np.log(k) + (1.0 - share) * np.log(typical)))
             t[~alone] *= k
             scales.append(k)
+        # (at most four fifths of a profiled layer's time, as `profile.resident_costs` takes)
+        t[~alone] = np.maximum(t[~alone] - extra[~alone], 0.2 * t[~alone])
         costs.append(np.maximum(t, FLOOR_MS))
     return costs, {"run_overhead_ms": c0, "profiler_cost_per_node_ms": float(per_node),
                    "kernels_timed_alone": sum(len(m.alone) for m in measured),

@@ -271,6 +271,10 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
     done = sum(len(m.layers) for m in measured)
     block, agree = layout_block(measured)
     costs, norm = in_context_costs(measured, block=block)
+    run_ms, per_node = norm["run_overhead_ms"], norm["profiler_cost_per_node_ms"]
+    reread, reread_how = weight_reread(measured, per_node, run_ms)
+    if reread is not None:  # the kernels' costs with their weights in the caches, as the table holds them
+        costs, norm = in_context_costs(measured, known=(run_ms, per_node), block=block, reread=reread)
     layout, layout_how = fit_layout_cost(measured, norm["profiler_cost_per_node_ms"], block, agree)
     stream, stream_how = weight_stream(measured, costs)
     if stream is not None:  # the table holds what such layers cost with the weights in the caches
@@ -310,8 +314,10 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
                           extra={"measurement": measurement, "energy": energy,
                                  "overhead": {"per_model_ms": norm["run_overhead_ms"], "per_layer_ms": 0.0,
                                               **({"weight_stream": stream} if stream is not None else {}),
+                                              **({"weight_reread": reread} if reread is not None else {}),
                                               **({"layout": layout} if layout is not None else {})}})
     fitted.spec["fit"]["weight_stream"] = stream_how
+    fitted.spec["fit"]["weight_reread"] = reread_how
     fitted.spec["fit"]["layout"] = layout_how
     # Each row is one network's in-context time of a kernel, off by its network's noise (two
     # profiles of the same networks differ by 6-15% a row, median): every layer is priced by
@@ -414,7 +420,7 @@ def weight_stream(measured: Sequence[MeasuredNetwork], costs: Sequence[np.ndarra
     layers in two at the split of least deviation from each side's median, as fits before
     did, placed the middle at 9, 12 and 22 MB in three profiles of the same networks: a
     step jumps between the few networks near the change, the curve does not.)"""
-    from ..lut import WeightStream, streams_weights, weight_bytes
+    from ..lut import streams_weights, weight_bytes
 
     points = []
     for m, ts in zip(measured, costs):
@@ -428,30 +434,97 @@ def weight_stream(measured: Sequence[MeasuredNetwork], costs: Sequence[np.ndarra
     if len(points) < 2 * STREAM_SIDE:
         return None, {**how, "note": f"not fitted: {len(points)} layers stream their weights "
                                      f"(fewer than {2 * STREAM_SIDE})"}
-    points.sort()
+    fitted, note = _stream_curve(points, (STREAM_WIDTH,))
+    if fitted is None:
+        return None, {**how, "note": note}
+    cache, width, low, high = fitted
+    size = np.array([p[0] for p in points])
+    return ({"cache_bytes": round(cache, 1), "width": width, "resident_ms_per_mb": round(low, 6),
+             "streamed_ms_per_mb": round(high, 6), "convs": True},
+            {**how, "resident_layers": int(np.sum(size < cache)), "streamed_layers": int(np.sum(size >= cache))})
+
+
+def _stream_curve(points: Sequence[tuple[float, float]], widths: Sequence[float]):
+    """`lut.WeightStream`'s curve through `points` ((a network's weight bytes, a layer's ms
+    per MB) pairs): ((middle, width, low rate, high rate), None), or (None, why not).  The
+    middle is tried at STREAM_GRID points, evenly in log, between the weight bytes of the
+    networks of the STREAM_SIDE-th fewest and most, each of `widths`; at each, the two
+    rates by least absolute deviation (`_lad_rates`); the pair of the least deviation is
+    kept."""
+    from ..lut import WeightStream
+
+    if len(points) < 2 * STREAM_SIDE:
+        return None, f"not fitted: {len(points)} layers (fewer than {2 * STREAM_SIDE})"
+    points = sorted(points)
     size = np.array([p[0] for p in points])
     rate = np.array([p[1] for p in points])
     # middles between the STREAM_SIDE-th smallest and largest networks: each side keeps that many layers
     lo, hi = np.log(size[STREAM_SIDE - 1]), np.log(size[-STREAM_SIDE])
     best = None
-    for middle in np.exp(np.linspace(lo, hi, STREAM_GRID)) if hi > lo else ():
-        share = np.array([WeightStream(cache_bytes=float(middle), width=STREAM_WIDTH, resident_ms_per_mb=0.0,
-                                       streamed_ms_per_mb=1.0).rate(float(w)) for w in size])
-        fitted = _lad_rates(share, rate)
-        if fitted is None:  # the solver gave up on this middle: the others still count
-            continue
-        low, high, loss = fitted
-        if best is None or loss < best[0] - 1e-12:
-            best = (loss, float(middle), low, high)
+    for width in widths:
+        for middle in np.exp(np.linspace(lo, hi, STREAM_GRID)) if hi > lo else ():
+            share = np.array([WeightStream(cache_bytes=float(middle), width=width, resident_ms_per_mb=0.0,
+                                           streamed_ms_per_mb=1.0).rate(float(w)) for w in size])
+            fitted = _lad_rates(share, rate)
+            if fitted is None:  # the solver gave up on this middle: the others still count
+                continue
+            low, high, loss = fitted
+            if best is None or loss < best[0] - 1e-12:
+                best = (loss, float(middle), float(width), low, high)
     if best is None:
-        return None, {**how, "note": "not fitted: the layers' networks hold too alike weight bytes" if hi <= lo
-                      else "not fitted: the solver found no rates"}
-    if best[3] <= best[2]:
-        return None, {**how, "note": "not fitted: the layers run no slower in networks of more weights"}
-    _, cache, low, high = best
-    return ({"cache_bytes": round(cache, 1), "width": STREAM_WIDTH, "resident_ms_per_mb": round(low, 6),
-             "streamed_ms_per_mb": round(high, 6), "convs": True},
-            {**how, "resident_layers": int(np.sum(size < cache)), "streamed_layers": int(np.sum(size >= cache))})
+        return None, ("not fitted: the layers' networks hold too alike weight bytes" if hi <= lo
+                      else "not fitted: the solver found no rates")
+    if best[4] <= best[3]:
+        return None, "not fitted: the layers run no slower in networks of more weights"
+    return best[1:], None
+
+
+REREAD_ROWS = 64  # the most output positions of a layer `weight_reread` prices (`lut.rereads_weights`)
+REREAD_WIDTHS = (0.2, 0.5, 1.0)  # the widths of its change tried, in e-folds of a model's weight bytes
+
+
+def weight_reread(measured: Sequence[MeasuredNetwork], per_node: float, run_ms: float) -> tuple[Optional[dict], dict]:
+    """What float convs and linear layers of a few output positions (`lut.rereads_weights`,
+    REREAD_ROWS at most) pay for reading their weights from memory in a network whose
+    weights leave the caches between runs (`lut.WeightStream` of `max_rows` REREAD_ROWS, as
+    `overhead.weight_reread` holds it, or None where the networks show no change), and how
+    it was fitted.
+
+    Such a layer, when it profiles long, is timed again alone (`runner.long_kernels`): cut
+    out of its network, its weights stay in the caches, so its alone time is its resident
+    one and its profiled time in the network less that is what reading them cost there.
+    Per megabyte of its weights, that excess is fitted as a curve of the network's weight
+    bytes (`_stream_curve`, its width too, of REREAD_WIDTHS), on the layers of at least
+    STREAM_MIN_BYTES that hold at most STREAM_MAX_SHARE of their network's weights; it
+    prices layers of at least STREAM_MIN_BYTES (what smaller ones pay, it did not measure).  Seen
+    on a 2-vCPU cloud VM: about 0 up to 50 MB of a network's weights, 0.01-0.02 ms/MB at
+    80-120 MB, 0.02-0.04 at 170-510 MB; without it ViT-B/16 (345 MB) was priced 24% under
+    its time, its linear layers of 37 tokens 0.03-0.04 ms/MB each.  Layers of 256 tokens
+    or more showed none in ConvNeXt-tiny (114 MB), whose 16- and 64-token ones did."""
+    from ..lut import rereads_weights, weight_bytes
+
+    points = []
+    for m in measured:
+        weights = weight_bytes(m.layers)
+        for j, (ms, besides_ms, besides) in m.alone.items():
+            layer = m.layers[j]
+            size = layer.params * layer.w_bits / 8
+            if not (rereads_weights(layer, REREAD_ROWS) and STREAM_MIN_BYTES <= size <= STREAM_MAX_SHARE * weights):
+                continue
+            in_network = m.layer_ms[j] - per_node * m.layer_nodes[j]
+            resident = ms - run_ms - (besides_ms - per_node * besides)
+            points.append((weights, (in_network - resident) / (size / 1e6)))
+    how = {"layers": len(points), "max_rows": REREAD_ROWS, "min_weight_bytes": STREAM_MIN_BYTES,
+           "max_share": STREAM_MAX_SHARE, "how": "profiled in the network less timed alone, per MB; "
+                                                 "curve, least absolute deviation"}
+    fitted, note = _stream_curve(points, REREAD_WIDTHS)
+    if fitted is None:
+        return None, {**how, "note": note}
+    cache, width, low, high = fitted
+    return ({"cache_bytes": round(cache, 1), "width": width, "resident_ms_per_mb": round(low, 6),
+             "streamed_ms_per_mb": round(high, 6), "convs": True, "max_rows": REREAD_ROWS,
+             "min_bytes": STREAM_MIN_BYTES},
+            {**how, "width": width, "networks": len({p[0] for p in points})})
 
 
 def _lad_rates(share: np.ndarray, rate: np.ndarray) -> Optional[tuple[float, float, float]]:
