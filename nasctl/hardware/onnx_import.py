@@ -1361,6 +1361,57 @@ def _nodes(model: onnx.ModelProto) -> list[Node]:
             for i, (n, depth) in enumerate(_flat(model.graph))]
 
 
+_NEUTRAL = {"Add": 0.0, "Sub": 0.0, "Mul": 1.0, "Div": 1.0}
+_NEUTRAL_MOST = 1 << 16  # the most elements of a constant read to tell whether it is neutral
+
+
+def _without_neutral_ops(model: onnx.ModelProto, nodes: list[Node], folder: Path) -> list[Node]:
+    """`nodes` with each element-wise op of a neutral constant - an add of zeros, or a
+    product by ones, either side; a subtraction of zeros or a division by ones - that
+    leaves its other input's shape as it is written as an Identity of that input.
+    onnxruntime removes such nodes (they run nothing), and what they stood between fuses:
+    MobileOne's blocks export an add of 0 (their missing identity branch) after their
+    summed convs, which then take the relu after it, and ConvNeXt-V2's global response
+    norms a product by zeros and an add of zeros as first set.  A constant stored apart is
+    read from its file beside the model (`folder`)."""
+    values = {i.name: i for sg in _graphs(model) for i in sg.initializer if prod(i.dims) <= _NEUTRAL_MOST}
+    values.update((n.outputs[0], n.attrs["value"]) for n in nodes
+                  if n.op_type == "Constant" and isinstance(n.attrs.get("value"), onnx.TensorProto))
+    outputs, shapes, done = _graph_outputs(model), None, []
+    for node in nodes:
+        sides = ((1, 0), (0, 1)) if node.op_type in ("Add", "Mul") else ((1, 0),)
+        if node.op_type in _NEUTRAL and len(node.inputs) == 2 and node.outputs and node.outputs[0] not in outputs:
+            for c, x in sides:
+                if node.inputs[c] not in values or not node.inputs[x] or node.inputs[x] in values:
+                    continue
+                value = _small_array(values[node.inputs[c]], folder)
+                if value is None:
+                    continue
+                if value.size == 0 or value.size > _NEUTRAL_MOST or not np.all(value == _NEUTRAL[node.op_type]):
+                    continue
+                shapes = _static_shapes(model) if shapes is None else shapes
+                ours, theirs = shapes.get(node.outputs[0]), shapes.get(node.inputs[x])
+                if (ours == theirs and ours is not None) or (ours is None and value.size == 1 and value.ndim <= 1):
+                    node = replace(node, op_type="Identity", inputs=[node.inputs[x]], attrs={})
+                    break
+        done.append(node)
+    return done
+
+
+def _small_array(tensor: TensorProto, folder: Path) -> Optional[np.ndarray]:
+    """The values of a constant of at most _NEUTRAL_MOST elements (read from its file in
+    `folder` where stored apart), or None where they cannot be read as numbers."""
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    try:
+        if uses_external_data(tensor):
+            tensor = TensorProto.FromString(tensor.SerializeToString())
+            load_external_data_for_tensor(tensor, str(folder))
+        return numpy_helper.to_array(tensor)
+    except (OSError, ValueError, TypeError, onnx.checker.ValidationError):  # a missing file, not numbers
+        return None
+
+
 def _constants(model: onnx.ModelProto, nodes: list[Node], runs: Optional[frozenset] = None) -> set[str]:
     """Tensors known when the model is loaded: weights, constants, shapes, and what is
     computed from them alone.
@@ -1413,7 +1464,7 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     model = _infer(model, notes)
     _run_for_shapes(model, notes)
     table = HANDLERS if handlers is None else handlers
-    nodes = _nodes(model)
+    nodes = _without_neutral_ops(model, _nodes(model), path.parent)
     ran = runtime.result() if runtime is not None else None
     const = _constants(model, nodes, ran.float_nodes if ran is not None else None)
     outputs = _graph_outputs(model)
@@ -1477,22 +1528,12 @@ def _layout(g: Graph, model: onnx.ModelProto, ran: Optional["InRuntime"]) -> dic
     onnxruntime fuses such a conv into an integer one); its 8-bit tensors those `bits` tells,
     but the input of a pool onnxruntime runs on floats (`ran`)."""
     floats = {i.name for sg in _graphs(model) for i in sg.initializer if i.data_type == TensorProto.FLOAT}
-    values = {i.name: i for sg in _graphs(model) for i in sg.initializer if prod(i.dims) == 1}
-    values.update((n.outputs[0], n.attrs["value"]) for n in g.nodes if n.op_type == "Constant" and "value" in n.attrs)
-    neutral = {"Add": 0.0, "Sub": 0.0, "Mul": 1.0, "Div": 1.0}
-    noops: dict[str, str] = {}
+    noops: dict[str, str] = {}  # (neutral element-wise ops are Identity nodes here: `_without_neutral_ops`)
     for node in g.nodes:
         if node.op_type == "Identity" and node.inputs and node.inputs[0] in floats:
             floats.update(node.outputs)
         elif node.op_type in ("Identity", "Dropout") and node.inputs and node.outputs:
             noops[node.outputs[0]] = node.inputs[0]
-        elif node.op_type in neutral and len(node.inputs) == 2 and node.inputs[1] in values:
-            try:
-                value = numpy_helper.to_array(values[node.inputs[1]]).reshape(-1)
-            except (ValueError, TypeError):  # values not read (stored apart) or not numbers
-                continue
-            if value.size == 1 and float(value[0]) == neutral[node.op_type]:
-                noops[node.outputs[0]] = node.inputs[0]
     eight_bit = {name for name in g.shapes if g.bits(name) < 32}
     if ran is not None:
         eight_bit -= {n.inputs[0] for n in g.nodes if n.inputs and (n.name, n.op_type) in ran.float_nodes}
