@@ -1372,8 +1372,8 @@ def _without_neutral_ops(model: onnx.ModelProto, nodes: list[Node], folder: Path
     onnxruntime removes such nodes (they run nothing), and what they stood between fuses:
     MobileOne's blocks export an add of 0 (their missing identity branch) after their
     summed convs, which then take the relu after it, and ConvNeXt-V2's global response
-    norms a product by zeros and an add of zeros as first set.  A constant stored apart is
-    read from its file beside the model (`folder`)."""
+    norms an add of their bias, zeros as first set.  A constant stored apart is read from
+    its file beside the model (`folder`)."""
     values = {i.name: i for sg in _graphs(model) for i in sg.initializer if prod(i.dims) <= _NEUTRAL_MOST}
     values.update((n.outputs[0], n.attrs["value"]) for n in nodes
                   if n.op_type == "Constant" and isinstance(n.attrs.get("value"), onnx.TensorProto))
