@@ -193,6 +193,34 @@ class LayerSpec:
                 self.stride, self.groups, self.w_bits, self.a_bits, self.fn, self.dequantized)
 
 
+def transpose_view(shape: Sequence[int], perm: Sequence[int]) -> Optional[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """A transpose of [1, a, b, c] that moves the same data as `perm` does `shape` (its input
+    and output shapes), or None where none does: dims of 1 dropped, and dims that stay side
+    by side in order merged, leave three or fewer.  `chw` folds the dims of a tensor of
+    rank 5 or more into its last, which for a transpose can hide the block that stays in
+    place: ViT's [1, T, 3, heads, d] -> [3, 1, heads, T, d] keeps d in place, as
+    [1, T, 3 heads, d] -> [1, 3 heads, T, d] does, but folded it reads as one moving every
+    element.  (Four dims left would fold the first into the last again.)"""
+    axes = [a for a in range(len(shape)) if shape[a] != 1]
+    dims = [int(shape[a]) for a in axes]
+    order = [axes.index(a) for a in perm if shape[a] != 1]
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(order) - 1):
+            a = order[i]
+            if order[i + 1] == a + 1:  # input dims a and a + 1 stay side by side: one dim
+                dims[a:a + 2] = [dims[a] * dims[a + 1]]
+                order = [b - 1 if b > a + 1 else b for b in order[:i + 1] + order[i + 2:]]
+                merged = True
+                break
+    if len(dims) > 3:
+        return None
+    pad = 4 - len(dims)
+    inp = (1,) * pad + tuple(dims)
+    return inp, tuple(inp[a] for a in [*range(pad), *(b + pad for b in order)])
+
+
 def chw(shape: tuple[int, ...]) -> tuple[int, tuple[int, int]]:
     """channels x (H, W) of a tensor as the ONNX importer reads it: rank 4 and up NCHW
     (further dims folded into W), rank 3 and below channels-last ([B, T, C] -> C x (T, B))."""

@@ -74,7 +74,7 @@ from onnx import TensorProto, numpy_helper
 from ..errors import UsageError
 from .layout import BLOCKS, Reorder, reorders
 from .layers import (MAX_NCHW, SKIP, STRIDED, SUM, WHOLE_BLOCK, LayerSpec, chw, reduction_is_strided,
-                     transpose_is_strided)
+                     transpose_is_strided, transpose_view)
 
 Shape = tuple[int, ...]
 
@@ -541,7 +541,12 @@ def _transpose(node: Node, g: Graph) -> list[LayerSpec]:
     shape = g.shape(x)
     perm = [int(a) for a in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
     strided = transpose_is_strided(shape, perm)  # as of floats, whatever the bit width (as search spaces say)
-    return [g.layer("data", node, x, node.outputs[0], fn=STRIDED if strided else "transpose")]
+    layer = g.layer("data", node, x, node.outputs[0], fn=STRIDED if strided else "transpose")
+    view = transpose_view(shape, perm) if len(shape) > 4 else None  # `chw` folds rank 5 and up
+    if view is not None:
+        (cin, in_hw), (cout, out_hw) = chw(view[0]), chw(view[1])
+        layer = replace(layer, in_ch=cin, in_hw=in_hw, out_ch=cout, out_hw=out_hw)
+    return [layer]
 
 
 def _gather(node: Node, g: Graph) -> list[LayerSpec]:

@@ -766,10 +766,12 @@ def test_transposes_are_labelled_by_how_onnxruntime_copies_them(tmp_path, shape,
     ([1, 16, 4, 12], [0, 3, 2, 1], 768),     # the innermost axis moves: a copy per element
     ([1, 16, 48], [0, 2, 1], 768),           # tokens <-> channels
     ([1, 64, 8, 8, 16], [0, 2, 1, 3, 4], 512),  # a 5-d channel shuffle: blocks of 128 floats
+    ([1, 101, 3, 3, 64], [2, 0, 3, 1, 4], 909),  # timm's q, k, v heads: blocks of 64 floats, not 1
 ])
 def test_a_transposes_copies_are_counted_from_the_layer_the_importer_reads(tmp_path, shape, perm, copies):
     # `lut._copies` reads the copies from the layer's (channels, positions) shapes alone,
-    # which is all a search candidate's layer list holds.
+    # which is all a search candidate's layer list holds; a transpose of rank 5 or more is
+    # read as the rank-4 one moving the same data (`layers.transpose_view`).
     from nasctl.hardware.lut import _copies
 
     layer = only(layers_of(tmp_path, [node("Transpose", ["x"], ["y"], perm=perm)], {"x": shape}, ["y"]))
