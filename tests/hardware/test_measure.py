@@ -278,7 +278,7 @@ def test_a_full_profile_draws_every_tenth_context_network_large_and_a_quick_one_
     import nasctl.hardware.measure.profile as profile
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_MULTIPLIER
+    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_NARROW
     nets = profile.context_networks(600, seed=7)
 
     def macs(model) -> int:
@@ -936,9 +936,9 @@ def test_a_full_profile_draws_every_tenth_network_of_depthwise_convs_with_a_chan
     from nasctl.hardware.measure.context import multiplier_network
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(100) == profile.SEEDING_MULTIPLIER
+    assert profile.seeding_for(100) == profile.SEEDING_NARROW  # which keeps SEEDING_MULTIPLIER's networks
     nets = profile.context_networks(500, seed=7)
-    drawn = [i for i in range(len(nets)) if profile.is_multiplier(i, profile.SEEDING_MULTIPLIER)]
+    drawn = [i for i in range(len(nets)) if profile.is_multiplier(i, profile.SEEDING_NARROW)]
     assert drawn and all(i % 10 == profile.MULTIPLIER_AT for i in drawn)
     assert not any(profile.is_multiplier(i, profile.SEEDING_ERF) for i in range(len(nets)))
     for i in drawn:
@@ -958,6 +958,36 @@ def test_a_full_profile_draws_every_tenth_network_of_depthwise_convs_with_a_chan
     for i in (0, 1, 3, 12, drawn[0]):  # the other networks, and a profile drawn before: as they were drawn
         before = profile.context_network(7, i, profile.SEEDING_ERF)[0].SerializeToString()
         assert (profile.context_network(7, i, profile.SEEDING_MULTIPLIER)[0].SerializeToString() == before) == \
+            (i not in drawn)
+
+
+def test_a_full_profile_draws_every_tenth_network_with_a_narrow_stem(tmp_path, monkeypatch):
+    """Small width multipliers start with an 8-channel conv and depthwise conv at 112x112
+    or more (LCNet-0.5, MobileNetV3-small-0.5), which onnxruntime runs padded to a whole
+    vector block; random networks start at 12 channels or more.  A full profile draws every
+    tenth network (SEEDING_NARROW, at NARROW_AT) with such a stem; the other networks, and
+    every network of a profile drawn before, are as they were drawn."""
+    import nasctl.hardware.measure.profile as profile
+
+    monkeypatch.setattr(profile, "LARGE_FROM", 100)
+    nets = profile.context_networks(300, seed=7)
+    drawn = [i for i in range(len(nets)) if profile.is_narrow(i, profile.SEEDING_NARROW)]
+    assert drawn and all(i % 10 == profile.NARROW_AT for i in drawn)
+    assert not any(profile.is_narrow(i, profile.SEEDING_MULTIPLIER) for i in range(len(nets)))
+    stems = []
+    for i in drawn:
+        model, description = nets[i]
+        assert description.startswith("narrow ")
+        assert profile.context_network(7, i, profile.SEEDING_NARROW)[0].SerializeToString() == model.SerializeToString()
+        onnx.save(model, str(tmp_path / "net.onnx"))
+        stem, depthwise = import_onnx(tmp_path / "net.onnx").layers[:2]
+        assert stem.op == "conv" and stem.in_ch == 3 and stem.out_hw[0] >= 64
+        assert depthwise.op == "conv" and depthwise.groups == depthwise.in_ch == stem.out_ch
+        stems.append(stem.out_ch)
+    assert set(stems) <= {8, 12} and stems.count(8) >= len(stems) / 2
+    for i in (0, 1, 3, 12, drawn[0]):  # the other networks, and a profile drawn before: as they were drawn
+        before = profile.context_network(7, i, profile.SEEDING_MULTIPLIER)[0].SerializeToString()
+        assert (profile.context_network(7, i, profile.SEEDING_NARROW)[0].SerializeToString() == before) == \
             (i not in drawn)
 
 

@@ -686,6 +686,33 @@ def odd_width_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs:
     return model, f"odd-width {description}"
 
 
+NARROW_SIZES = (128, 160, 192, 224, 256)  # the inputs narrow networks see
+
+
+def narrow_network(rng: np.random.Generator, max_macs: float = 4e7, min_macs: float = 8e6):
+    """A conv net of a small width multiplier: an 8-channel stem (sometimes 12) at 128-256
+    px, widening from there - LCNet-0.5's, MobileNetV3-small-0.5's and RepGhostNet-0.5's
+    first layers, an 8-channel conv and depthwise conv at 112x112, which onnxruntime runs
+    padded to a whole vector block.  The other context networks start at 12 channels or
+    more, and price those layers at 0.6-0.7x their time.  Of 8-40 MMAC: about as many
+    kernels as the other networks (of 20-150 MMAC, twice as many, they took the place of
+    one in six of the others in a profile of a given number of kernels)."""
+    budget = float(np.exp(rng.uniform(np.log(min_macs), np.log(max_macs))))
+    size = _pick(rng, NARROW_SIZES)
+    b = NetBuilder(rng, (1, 3, size, size))
+    blocks = _Blocks(b, rng, budget)
+    act = _pick(rng, ("hardswish", "hardswish", "relu", "relu6", "swish", ""))
+    stem = _pick(rng, (8, 8, 12))
+    x = b.conv("input", stem, 3, 2, act=act or "relu")
+    # a depthwise conv of the stem's channels at its size, then a pointwise one (LCNet's first block)
+    x = b.conv(x, stem, _pick(rng, (3, 3, 5)), _pick(rng, (1, 1, 2)), groups=stem, act=act)
+    x = b.conv(x, _pick(rng, (8, 16, 16, 24)), 1, act=act)
+    kinds = ("mbconv", "ghost", "shuffle", "plain", "basic", "mixconv")
+    x, used = _stages(blocks, x, act, lambda last: _pick(rng, kinds), _width, repeats=2)
+    y = b.classifier(b.global_pool(x), _pick(rng, (10, 100, 1000)))
+    return b.model(y), f"narrow {'/'.join(dict.fromkeys(used)) or 'plain'} {size}px"
+
+
 def multiplier_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: float = 1e6):
     """A conv net whose stages are mostly `separable` blocks: depthwise convs with a channel
     multiplier (FastViT, MobileOne, Xception), which onnxruntime runs group by group, one

@@ -23,8 +23,8 @@ import numpy as np
 from ..fit import MEASUREMENTS_FILE
 from .attribution import (FLOOR_MS, MeasuredNetwork, in_context_costs, known_layout, layout_block,
                           measure_networks, measured_network, prepare_networks, reorder_times, tagged_by_kernel)
-from .context import (OPSET, TAG, headed_network, multiplier_network, odd_width_network, random_network,
-                      strided_network)
+from .context import (OPSET, TAG, headed_network, multiplier_network, narrow_network, odd_width_network,
+                      random_network, strided_network)
 from .runner import Protocol, measure_chunks
 from .timing import measure_models
 
@@ -56,18 +56,20 @@ def reference_networks(n: int = 3) -> list:
 # HEADED_AT, and since int8 transformers write GELU as torch exports it (SEEDING_ERF), half
 # of them do so (`context.random_network`'s erf_gelu), and since networks of depthwise convs
 # with a channel multiplier were added (SEEDING_MULTIPLIER), every ODD_EVERY-th from
-# MULTIPLIER_AT is one; profiles drawn before build their networks as they were drawn.
+# MULTIPLIER_AT is one, and since narrow networks were added (SEEDING_NARROW), every
+# ODD_EVERY-th from NARROW_AT; profiles drawn before build their networks as they were drawn.
 SEEDING_PLAIN, SEEDING_LARGE = "per network", "per network, large every 10th"
 SEEDING_ODD = "per network, large every 10th, odd widths every 10th"
 SEEDING_STRIDED = "per network, large every 10th, odd widths every 10th, strided ops every 10th"
 SEEDING_HEADED = "per network, large every 10th, odd widths every 10th, strided ops every 10th, headed every 10th"
 SEEDING_ERF = SEEDING_HEADED + ", int8 erf gelus"
 SEEDING_MULTIPLIER = SEEDING_ERF + ", channel multipliers every 10th"
+SEEDING_NARROW = SEEDING_MULTIPLIER + ", narrow stems every 10th"
 # profiles whose context networks can be built again
 SEEDINGS = (SEEDING_PLAIN, SEEDING_LARGE, SEEDING_ODD, SEEDING_STRIDED, SEEDING_HEADED, SEEDING_ERF,
-            SEEDING_MULTIPLIER)
+            SEEDING_MULTIPLIER, SEEDING_NARROW)
 LARGE_EVERY, LARGE_FROM = 10, 5000
-ODD_EVERY, ODD_AT, STRIDED_AT, HEADED_AT, MULTIPLIER_AT = 10, 4, 7, 1, 2
+ODD_EVERY, ODD_AT, STRIDED_AT, HEADED_AT, MULTIPLIER_AT, NARROW_AT = 10, 4, 7, 1, 2, 5
 LARGE_MACS = (1e8, 1e9)
 LARGE_PREFIX = "large "  # a large network's description starts so
 
@@ -77,7 +79,7 @@ def seeding_for(kernels: int) -> str:
     networks (`is_large`), odd-width ones (`is_odd_width`), strided-op ones (`is_strided`),
     headed ones (`is_headed`) and channel-multiplier ones (`is_multiplier`) from LARGE_FROM
     kernels on (a quick profile stays quick)."""
-    return SEEDING_MULTIPLIER if kernels >= LARGE_FROM else SEEDING_PLAIN
+    return SEEDING_NARROW if kernels >= LARGE_FROM else SEEDING_PLAIN
 
 
 def _since(seeding: str, first: str) -> bool:
@@ -119,6 +121,12 @@ def is_multiplier(index: int, seeding: str) -> bool:
     return _since(seeding, SEEDING_MULTIPLIER) and index % ODD_EVERY == MULTIPLIER_AT
 
 
+def is_narrow(index: int, seeding: str) -> bool:
+    """Whether context network `index` is a narrow one (`context.narrow_network`): an
+    8-channel stem at 128-256 px, as small width multipliers make."""
+    return _since(seeding, SEEDING_NARROW) and index % ODD_EVERY == NARROW_AT
+
+
 def context_network(seed: int, index: int, seeding: str):
     """The context network `index` of the profile of `seed` drawn by `seeding` (an onnx
     model and a description)."""
@@ -135,6 +143,8 @@ def context_network(seed: int, index: int, seeding: str):
         return headed_network(rng)
     if is_multiplier(index, seeding):
         return multiplier_network(rng)
+    if is_narrow(index, seeding):
+        return narrow_network(rng)
     return random_network(rng, erf_gelu=erf)
 
 
