@@ -77,8 +77,8 @@ LARGE_PREFIX = "large "  # a large network's description starts so
 def seeding_for(kernels: int) -> str:
     """How the context networks of a profile of `kernels` kernels are drawn: with large
     networks (`is_large`), odd-width ones (`is_odd_width`), strided-op ones (`is_strided`),
-    headed ones (`is_headed`) and channel-multiplier ones (`is_multiplier`) from LARGE_FROM
-    kernels on (a quick profile stays quick)."""
+    headed ones (`is_headed`), channel-multiplier ones (`is_multiplier`) and narrow ones
+    (`is_narrow`) from LARGE_FROM kernels on (a quick profile stays quick)."""
     return SEEDING_NARROW if kernels >= LARGE_FROM else SEEDING_PLAIN
 
 
