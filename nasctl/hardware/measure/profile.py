@@ -441,9 +441,6 @@ def weight_stream(measured: Sequence[MeasuredNetwork], costs: Sequence[np.ndarra
                 points.append((weights, ms / (size / 1e6)))
     how = {"layers": len(points), "min_weight_bytes": STREAM_MIN_BYTES, "max_share": STREAM_MAX_SHARE,
            "width": STREAM_WIDTH, "how": "curve, least absolute deviation"}
-    if len(points) < 2 * STREAM_SIDE:
-        return None, {**how, "note": f"not fitted: {len(points)} layers stream their weights "
-                                     f"(fewer than {2 * STREAM_SIDE})"}
     fitted, note = _stream_curve(points, (STREAM_WIDTH,))
     if fitted is None:
         return None, {**how, "note": note}
