@@ -49,7 +49,7 @@ end-to-end measurements (`nasctl.hardware.fit`, `nasctl.hardware.measure.profile
 `overhead.working_set` (fitted by `hw profile`) scales a model's kernel costs with the
 size of its weights and activations (`WorkingSet`): the same kernel runs slower in a
 large model, whose tensors have left the caches by the time it runs again, than in a
-small one.  `overhead.weight_stream` (fitted by `hw profile`, `WeightStream`) adds to a
+small one, up to the working set past which it slows no further.  `overhead.weight_stream` (fitted by `hw profile`, `WeightStream`) adds to a
 layer that multiplies one row by its weights (a classifier) what reading them from memory
 instead of the caches costs in a model of its weight bytes, and `overhead.weight_reread`
 the same to a float conv or linear layer of a few output positions (`rereads_weights`).  With
@@ -101,10 +101,14 @@ class _Strict(BaseModel):
 class WorkingSet(_Strict):
     """Kernels run slower in a model whose weights and activations do not stay in the
     caches between them: every kernel's cost (its offsets included, not the run overhead)
-    is scaled by 1 + slope * ln(W / ref_bytes), within WORKING_SET_CLIP, where W is the
-    model's working set (`working_set_bytes`)."""
+    is scaled by 1 + slope * ln(min(W, knee_bytes) / ref_bytes), within WORKING_SET_CLIP,
+    where W is the model's working set (`working_set_bytes`).  Past the knee a larger
+    working set slows the kernels no further (what they lose once their tensors have left
+    the inner caches; reading weights from memory is `WeightStream`'s); without one the
+    slowdown goes on growing."""
     ref_bytes: PositiveFloat  # the working set at which the kernels cost what the table says
     slope: float              # relative cost per e-fold of the working set
+    knee_bytes: Optional[PositiveFloat] = None  # the working set past which it stops growing
 
 
 WORKING_SET_CLIP = (0.5, 2.0)
@@ -216,6 +220,8 @@ def working_set_factor(working_set: Optional[WorkingSet], layers: Sequence[Layer
     if working_set is None or not layers:
         return 1.0
     size = max(working_set_bytes(layers), 1.0)
+    if working_set.knee_bytes is not None:
+        size = min(size, working_set.knee_bytes)
     low, high = WORKING_SET_CLIP
     return min(max(1.0 + working_set.slope * math.log(size / working_set.ref_bytes), low), high)
 

@@ -391,6 +391,20 @@ def test_a_working_set_scales_a_models_kernels_but_not_its_run_overhead(rows):
     assert steep.estimate(small).latency_ms == pytest.approx(2.0 * device(rows).estimate(small).latency_ms)
 
 
+def test_past_its_knee_a_working_set_slows_the_kernels_no_further(rows):
+    from nasctl.hardware.lut import working_set_bytes
+
+    small = [layer_from_row(r) for r in rows[:3]]
+    big, bigger = small + [conv(512, 512, 8)], small + [conv(1024, 1024, 8)]  # 9.4 and 38 MB of weights
+    ref, knee = working_set_bytes(small), working_set_bytes(big)
+    plain = device(rows)
+    kneed = device(rows, overhead={"working_set": {"ref_bytes": ref, "slope": 0.05, "knee_bytes": knee}})
+    # below the knee it is the slope's; past it, every model is priced as one at the knee
+    assert kneed.estimate(big).latency_ms == pytest.approx(plain.estimate(big).latency_ms * (1 + 0.05 * np.log(knee / ref)))
+    assert kneed.estimate(bigger).latency_ms == pytest.approx(plain.estimate(bigger).latency_ms * (1 + 0.05 * np.log(knee / ref)))
+    assert kneed.estimate(small[:1]).latency_ms < plain.estimate(small[:1]).latency_ms
+
+
 def test_a_classifier_reads_its_weights_from_the_caches_in_a_small_model_and_from_memory_in_a_large_one(rows):
     from dataclasses import replace
 

@@ -617,12 +617,14 @@ def test_tiny_context_networks_cover_small_inputs_and_transformers(tmp_path, see
     assert result.layers[0].in_hw[0] in TINY_SIZES
 
 
-def _working_set_networks(seed: int, tokens: list, large_from: float = np.inf):
+def _working_set_networks(seed: int, tokens: list, large_from: float = np.inf, slope: float = 0.03,
+                          knee: float = np.inf):
     """Measured networks of the same six convs, some beside a transpose of `tokens` rows (4
-    MB a thousand): every kernel runs 3% slower per e-fold of the network's working set
-    (its weights and activations) than in the median network.  Networks of `large_from`
-    rows or more are described as large context networks.  (network(rows) -> its layers
-    and times in the median network, the measured networks, the slowdown of a layer list.)"""
+    MB a thousand): every kernel runs `slope` slower per e-fold of the network's working set
+    (its weights and activations, up to `knee` bytes) than in the median network.  Networks
+    of `large_from` rows or more are described as large context networks.  (network(rows) ->
+    its layers and times in the median network, the measured networks, the slowdown of a
+    layer list.)"""
     from nasctl.hardware.lut import working_set_bytes
     from nasctl.hardware.measure.attribution import MeasuredNetwork
     from nasctl.hardware.measure.profile import LARGE_PREFIX
@@ -642,7 +644,7 @@ def _working_set_networks(seed: int, tokens: list, large_from: float = np.inf):
     drawn = [int(t) for t in tokens]  # numpy integers to ints
     raw = [network(t) for t in drawn]
     ref = float(np.median([working_set_bytes(layers) for layers, _ in raw]))
-    slow = lambda layers: 1 + 0.03 * np.log(working_set_bytes(layers) / ref)  # noqa: E731
+    slow = lambda layers: 1 + slope * np.log(min(working_set_bytes(layers), knee) / ref)  # noqa: E731
     nets = [MeasuredNetwork(f"{LARGE_PREFIX * (t >= large_from)}net {i}", layers, [b * slow(layers) for b in base],
                             [1.0] * len(base), 0.01 + sum(base) * slow(layers))
             for i, (t, (layers, base)) in enumerate(zip(drawn, raw))]
@@ -659,6 +661,7 @@ def test_the_profile_fits_how_kernels_slow_down_in_large_working_sets():
     network, nets, slow = _working_set_networks(1, list(rng.choice([0, 0, 1024, 4096, 16384], 48)))
     fitted = fit_profile("cpu-local", nets, {}, [0] * len(nets), [[1.0]])
     assert fitted.spec["overhead"]["working_set"]["slope"] == pytest.approx(0.03, abs=0.01)
+    assert "knee_bytes" not in fitted.spec["overhead"]["working_set"]  # a slowdown that goes on growing
     device, without = fitted.device(), fitted.device()
     without.spec = without.spec.model_copy(update={"overhead": without.spec.overhead.model_copy(
         update={"working_set": None})})
@@ -667,6 +670,30 @@ def test_the_profile_fits_how_kernels_slow_down_in_large_working_sets():
         true = 0.01 + sum(base) * slow(layers)
         assert device.estimate(layers).latency_ms == pytest.approx(true, rel=0.05)
     assert without.estimate(layers).latency_ms < 0.93 * true  # without the slope, the large one is priced low
+
+
+def test_the_profile_fits_the_working_set_past_which_kernels_slow_down_no_further():
+    # Kernels that slow down up to a 16 MB working set and no further (their tensors have
+    # left the inner caches by then).  A slope through all sizes would price a 256 MB model
+    # well over its time; the fitted knee prices it right, and a small one too.
+    from nasctl.hardware.lut import WorkingSet
+    from nasctl.hardware.measure.profile import fit_profile
+
+    rng = np.random.default_rng(4)
+    network, nets, slow = _working_set_networks(4, list(rng.choice([0, 0, 256, 1024, 4096, 16384], 60)),
+                                                slope=0.06, knee=16e6)
+    fitted = fit_profile("cpu-local", nets, {}, [0] * len(nets), [[1.0]])
+    working_set = fitted.spec["overhead"]["working_set"]
+    assert 8e6 <= working_set["knee_bytes"] <= 32e6
+    assert fitted.spec["fit"]["kernel_offsets"]["loss"]["fitted"] < fitted.spec["fit"]["kernel_offsets"]["loss"]["without_a_knee"]
+    device = fitted.device()
+    for tokens in (0, 65536):
+        layers, base = network(tokens)
+        assert device.estimate(layers).latency_ms == pytest.approx(0.01 + sum(base) * slow(layers), rel=0.05)
+    no_knee = device.spec.overhead.model_copy(update={"working_set": WorkingSet(
+        ref_bytes=working_set["ref_bytes"], slope=working_set["slope"])})
+    device.spec = device.spec.model_copy(update={"overhead": no_knee})
+    assert device.estimate(layers).latency_ms > 1.1 * (0.01 + sum(base) * slow(layers))  # the 256 MB one
 
 
 def test_large_context_networks_fit_the_slope_but_stay_out_of_the_table():

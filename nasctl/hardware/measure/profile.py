@@ -72,6 +72,7 @@ LARGE_EVERY, LARGE_FROM = 10, 5000
 ODD_EVERY, ODD_AT, STRIDED_AT, HEADED_AT, MULTIPLIER_AT, NARROW_AT = 10, 4, 7, 1, 2, 5
 LARGE_MACS = (1e8, 1e9)
 LARGE_PREFIX = "large "  # a large network's description starts so
+KNEE_GAIN = 0.02  # the least share of the loss a working-set knee must take off to be kept
 
 
 def seeding_for(kernels: int) -> str:
@@ -624,7 +625,6 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     # offsets traded microseconds between groups that occur together and changed sign from
     # one profile of the same machine to the next (add +1.9 -> -0.2 us, mul +4.0 -> -0.8),
     # which moved the price of a network of a hundred tiny kernels by a third.
-    columns = np.column_stack([count.sum(axis=1), count, (price - run) * np.log(size / ref)])
     k = len(names)
     lower = np.r_[bounds_ms[0], [bounds_ms[0]] * k, slope_bounds[0]]
     upper = np.r_[bounds_ms[1], [bounds_ms[1]] * k, slope_bounds[1]]
@@ -632,15 +632,38 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     weight = np.r_[penalty * 1e3, [group_penalty * 1e3] * k, slope_penalty * 1e2]
     # (the layout reorders' cost, `lut.LayoutCost`, is neither a kernel's nor scaled by the slope)
     price = price + layout
-    x = least_squares(lambda c: np.r_[(price + columns @ c) / y - 1, weight * c], np.zeros(k + 2),
-                      loss="soft_l1", f_scale=0.05, bounds=(lower, upper)).x
+
+    def fit(knee: Optional[float]):
+        scaled = np.log(np.minimum(size, np.inf if knee is None else knee) / ref)
+        columns = np.column_stack([count.sum(axis=1), count, (price - run) * scaled])
+        return least_squares(lambda c: np.r_[(price + columns @ c) / y - 1, weight * c], np.zeros(k + 2),
+                             loss="soft_l1", f_scale=0.05, bounds=(lower, upper)), columns
+
+    # Kernels slow down as the working set outgrows the inner caches and stop slowing once
+    # it has (the context networks of 4-64 MB on a 2 MB-L2 Xeon ran alike; a slope through
+    # all sizes priced the 16-64 MB ones 2-10% high): the knee past which the slowdown
+    # stops is the one of a grid (halves of an e-fold across the middle 80% of the
+    # networks' working sets) whose fit has the least loss, kept where it lowers the loss of
+    # a slope without a knee by more than KNEE_GAIN.
+    low_size, high_size = np.percentile(size, [10, 90])
+    fits = {knee: fit(knee) for knee in [None, *map(float, np.exp(np.arange(np.log(low_size), np.log(high_size), 0.5)))]}
+    knee = min(fits, key=lambda kn: fits[kn][0].cost)
+    no_knee_cost = float(fits[None][0].cost)
+    if fits[knee][0].cost >= no_knee_cost * (1 - KNEE_GAIN):
+        knee = None
+    best, columns = fits[knee]
+    x = best.x
     offsets = {g: round(float(x[0] + x[1 + j]), 7) for j, g in enumerate(names) if count[:, col[g]].any()}
     before, after = price / y - 1, (price + columns @ x) / y - 1
     within = lambda e: round(float(np.mean(np.abs(e) <= 0.10)), 4)  # noqa: E731
-    return offsets, {"ref_bytes": ref, "slope": round(float(x[-1]), 6)}, {
+    working_set = {"ref_bytes": ref, "slope": round(float(x[-1]), 6)}
+    if knee is not None:
+        working_set["knee_bytes"] = round(knee)
+    return offsets, working_set, {
         "folds": folds, "networks": n, "penalty_per_us": {"shared": penalty, "group": group_penalty},
         "penalty_per_hundredth_of_slope": slope_penalty,
         "shared_ms": round(float(x[0]), 7),
+        "loss": {"without_a_knee": round(no_knee_cost, 6), "fitted": round(float(best.cost), 6)},
         "out_of_fold_within_10pct": {"without_offsets": within(before), "with_offsets_fitted_on_all": within(after)}}
 
 
