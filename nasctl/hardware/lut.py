@@ -49,7 +49,8 @@ end-to-end measurements (`nasctl.hardware.fit`, `nasctl.hardware.measure.profile
 `overhead.working_set` (fitted by `hw profile`) scales a model's kernel costs with the
 size of its weights and activations (`WorkingSet`): the same kernel runs slower in a
 large model, whose tensors have left the caches by the time it runs again, than in a
-small one, up to the working set past which it slows no further.  `overhead.weight_stream` (fitted by `hw profile`, `WeightStream`) adds to a
+small one, up to the working set past which it slows no further.
+`overhead.weight_stream` (fitted by `hw profile`, `WeightStream`) adds to a
 layer that multiplies one row by its weights (a classifier) what reading them from memory
 instead of the caches costs in a model of its weight bytes, and `overhead.weight_reread`
 the same to a float conv or linear layer of a few output positions (`rereads_weights`).  With

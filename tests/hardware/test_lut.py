@@ -400,8 +400,9 @@ def test_past_its_knee_a_working_set_slows_the_kernels_no_further(rows):
     plain = device(rows)
     kneed = device(rows, overhead={"working_set": {"ref_bytes": ref, "slope": 0.05, "knee_bytes": knee}})
     # below the knee it is the slope's; past it, every model is priced as one at the knee
-    assert kneed.estimate(big).latency_ms == pytest.approx(plain.estimate(big).latency_ms * (1 + 0.05 * np.log(knee / ref)))
-    assert kneed.estimate(bigger).latency_ms == pytest.approx(plain.estimate(bigger).latency_ms * (1 + 0.05 * np.log(knee / ref)))
+    at_knee = 1 + 0.05 * np.log(knee / ref)
+    assert kneed.estimate(big).latency_ms == pytest.approx(plain.estimate(big).latency_ms * at_knee)
+    assert kneed.estimate(bigger).latency_ms == pytest.approx(plain.estimate(bigger).latency_ms * at_knee)
     assert kneed.estimate(small[:1]).latency_ms < plain.estimate(small[:1]).latency_ms
 
 

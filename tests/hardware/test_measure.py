@@ -685,7 +685,8 @@ def test_the_profile_fits_the_working_set_past_which_kernels_slow_down_no_furthe
     fitted = fit_profile("cpu-local", nets, {}, [0] * len(nets), [[1.0]])
     working_set = fitted.spec["overhead"]["working_set"]
     assert 8e6 <= working_set["knee_bytes"] <= 32e6
-    assert fitted.spec["fit"]["kernel_offsets"]["loss"]["fitted"] < fitted.spec["fit"]["kernel_offsets"]["loss"]["without_a_knee"]
+    loss = fitted.spec["fit"]["kernel_offsets"]["loss"]
+    assert loss["fitted"] < loss["without_a_knee"]
     device = fitted.device()
     for tokens in (0, 65536):
         layers, base = network(tokens)

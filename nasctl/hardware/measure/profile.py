@@ -569,7 +569,8 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
                    slope_bounds: tuple[float, float] = (-0.2, 0.2)) -> tuple[dict[str, float], Optional[dict], dict]:
     """Per kernel group (`lut.kernel_group`), a fixed cost added to each of its layers, and
     the working-set slope (`lut.WorkingSet`, about the context networks' median working
-    set), fitted so that the context networks' prices add up to their end-to-end times:
+    set, with the knee past which it stops where one fits them better), fitted so that the
+    context networks' prices add up to their end-to-end times:
     (offsets, working set as `overhead.working_set` holds it or None where not fitted,
     how it was fitted).
 
@@ -640,13 +641,14 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
                              loss="soft_l1", f_scale=0.05, bounds=(lower, upper)), columns
 
     # Kernels slow down as the working set outgrows the inner caches and stop slowing once
-    # it has (the context networks of 4-64 MB on a 2 MB-L2 Xeon ran alike; a slope through
-    # all sizes priced the 16-64 MB ones 2-10% high): the knee past which the slowdown
-    # stops is the one of a grid (halves of an e-fold across the middle 80% of the
+    # it has (the context networks of 2-64 MB on a Xeon of 2 MB of L2 a core ran alike; a
+    # slope through all sizes priced the 16-64 MB ones 2-10% high): the knee past which the
+    # slowdown stops is the one of a grid (halves of an e-fold across the middle 80% of the
     # networks' working sets) whose fit has the least loss, kept where it lowers the loss of
     # a slope without a knee by more than KNEE_GAIN.
     low_size, high_size = np.percentile(size, [10, 90])
-    fits = {knee: fit(knee) for knee in [None, *map(float, np.exp(np.arange(np.log(low_size), np.log(high_size), 0.5)))]}
+    grid = np.exp(np.arange(np.log(low_size), np.log(high_size), 0.5))
+    fits = {knee: fit(knee) for knee in [None, *map(float, grid)]}
     knee = min(fits, key=lambda kn: fits[kn][0].cost)
     no_knee_cost = float(fits[None][0].cost)
     if fits[knee][0].cost >= no_knee_cost * (1 - KNEE_GAIN):
