@@ -151,9 +151,9 @@ class WeightStream(_Strict):
         (0 for a layer that does not stream its weights)."""
         if not (streams_weights(layer, self.convs) if self.max_rows == 1 else rereads_weights(layer, self.max_rows)):
             return 0.0
-        if layer.params * layer.w_bits / 8 < self.min_bytes:
+        if layer.weight_bytes < self.min_bytes:
             return 0.0
-        return layer.params * layer.w_bits / 8e6 * (self.rate(weights) - self.resident_ms_per_mb)
+        return layer.weight_bytes / 1e6 * (self.rate(weights) - self.resident_ms_per_mb)
 
 
 def streams_weights(layer: LayerSpec, convs: bool = True) -> bool:

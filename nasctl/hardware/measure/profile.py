@@ -437,7 +437,7 @@ def weight_stream(measured: Sequence[MeasuredNetwork], costs: Sequence[np.ndarra
     for m, ts in zip(measured, costs):
         weights = weight_bytes(m.layers)
         for layer, ms in zip(m.layers, ts):
-            size = layer.params * layer.w_bits / 8
+            size = layer.weight_bytes
             if streams_weights(layer) and STREAM_MIN_BYTES <= size <= STREAM_MAX_SHARE * weights and ms > 0:
                 points.append((weights, ms / (size / 1e6)))
     how = {"layers": len(points), "min_weight_bytes": STREAM_MIN_BYTES, "max_share": STREAM_MAX_SHARE,
@@ -516,7 +516,7 @@ def weight_reread(measured: Sequence[MeasuredNetwork], per_node: float, run_ms: 
         weights = weight_bytes(m.layers)
         for j, (ms, besides_ms, besides) in m.alone.items():
             layer = m.layers[j]
-            size = layer.params * layer.w_bits / 8
+            size = layer.weight_bytes
             if not (rereads_weights(layer, REREAD_ROWS) and STREAM_MIN_BYTES <= size <= STREAM_MAX_SHARE * weights):
                 continue
             in_network = m.layer_ms[j] - per_node * m.layer_nodes[j]
