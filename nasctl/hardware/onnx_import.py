@@ -487,6 +487,8 @@ def _concat(node: Node, g: Graph) -> list[LayerSpec]:
 
 
 def _split(node: Node, g: Graph) -> list[LayerSpec]:
+    if _taken_apart(node, g):
+        return []
     return [g.layer("split", node, node.inputs[0], node.inputs[0])]
 
 
@@ -534,19 +536,81 @@ def _reduced_axes(node: Node, shape: Shape, out: Shape) -> list[int]:
     return axes
 
 
+def _perm(node: Node, rank: int) -> list[int]:
+    return [int(a) for a in node.attrs.get("perm", range(rank - 1, -1, -1))]
+
+
+def _transpose_layer(node: Node, g: Graph, x: str, shape: Shape, perm: Sequence[int]) -> LayerSpec:
+    """A transpose by `perm` of a `shape` tensor of `x`'s values; fn `STRIDED` where the
+    runtime copies it in small pieces (`layers.transpose_is_strided`)."""
+    strided = transpose_is_strided(shape, perm)  # as of floats, whatever the bit width (as search spaces say)
+    out = tuple(shape[a] for a in perm)
+    view = transpose_view(shape, perm) if len(shape) > 4 else None  # `chw` folds rank 5 and up
+    (cin, in_hw), (cout, out_hw) = chw(view[0]) if view else chw(tuple(shape)), chw(view[1]) if view else chw(out)
+    bits = g.bits(x)
+    return LayerSpec("data", cin, cout, in_hw, out_hw, w_bits=bits, a_bits=bits, name=node.name,
+                     fn=STRIDED if strided else "transpose")
+
+
+def _split_parts(node: Node, g: Graph) -> Optional[list[int]]:
+    """Where a Transpose's output is read only by two or more Slices or Gathers, or by one
+    Split, that take it apart along its first axis (a `unbind` of timm's attention: [1, T,
+    3, heads, d] -> [3, 1, heads, T, d] -> q, k, v), the parts' sizes along that axis, else
+    None.
+    onnxruntime's transpose optimizer moves the transpose behind them, and fuses them into
+    one Split of the untransposed tensor (GatherSliceToSplitFusion): it runs a Split and a
+    transpose of each part."""
+    y = node.outputs[0]
+    readers = g.consumers.get(y, [])
+    if y in g.outputs or not readers or (len(readers) == 1 and readers[0].op_type != "Split"):
+        return None
+    try:
+        shape = g.shape(y)
+        if len(readers) == 1:  # a Split already (torch exports `unbind` as one from opset 18 on)
+            split = readers[0]
+            outs = [g.shape(o) for o in split.outputs]
+            if split.inputs[0] != y or int(split.attrs.get("axis", 0)) != 0 or \
+                    any(o[1:] != shape[1:] and o != shape[1:] for o in outs):
+                return None
+            parts = [o[0] if len(o) == len(shape) else 1 for o in outs]
+            return parts if sum(parts) == shape[0] and len(parts) > 1 else None
+        parts = []
+        for r in readers:
+            if r.inputs[0] != y or not r.outputs:
+                return None
+            out = g.shape(r.outputs[0])
+            if r.op_type == "Gather" and int(r.attrs.get("axis", 0)) == 0 and g.is_const(r.inputs[1]) and \
+                    g.shape(r.inputs[1]) == () and out == shape[1:]:
+                parts.append(1)
+            elif r.op_type == "Slice" and len(out) == len(shape) and out[1:] == shape[1:] and 0 < out[0] < shape[0] \
+                    and all(g.is_const(i) for i in r.inputs[1:] if i):
+                parts.append(out[0])
+            else:
+                return None
+    except UnknownShape:
+        return None
+    return parts if sum(parts) == shape[0] else None
+
+
 def _transpose(node: Node, g: Graph) -> list[LayerSpec]:
-    """A data movement; fn `STRIDED` where the runtime copies it in small pieces
-    (`layers.transpose_is_strided`)."""
+    """A data movement; where Slices or Gathers take its output apart (`_split_parts`), the
+    Split of its input and a transpose of each part onnxruntime runs in its place."""
     x = g.activation(node)
     shape = g.shape(x)
-    perm = [int(a) for a in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
-    strided = transpose_is_strided(shape, perm)  # as of floats, whatever the bit width (as search spaces say)
-    layer = g.layer("data", node, x, node.outputs[0], fn=STRIDED if strided else "transpose")
-    view = transpose_view(shape, perm) if len(shape) > 4 else None  # `chw` folds rank 5 and up
-    if view is not None:
-        (cin, in_hw), (cout, out_hw) = chw(view[0]), chw(view[1])
-        layer = replace(layer, in_ch=cin, in_hw=in_hw, out_ch=cout, out_hw=out_hw)
-    return [layer]
+    perm = _perm(node, len(shape))
+    parts = _split_parts(node, g)
+    if parts is None:
+        return [_transpose_layer(node, g, x, shape, perm)]
+    split = g.layer("split", node, x, x)
+    return [split] + [_transpose_layer(node, g, x, tuple(k if a == perm[0] else d for a, d in enumerate(shape)), perm)
+                      for k in parts]
+
+
+def _taken_apart(node: Node, g: Graph) -> bool:
+    """Whether `node` is one of the Slices, Gathers or the Split a transpose's layers
+    price (`_split_parts`)."""
+    p = g.producer.get(node.inputs[0]) if node.inputs else None
+    return p is not None and p.op_type == "Transpose" and _split_parts(p, g) is not None
 
 
 def _gather(node: Node, g: Graph) -> list[LayerSpec]:
@@ -554,6 +618,8 @@ def _gather(node: Node, g: Graph) -> list[LayerSpec]:
     (the data's dims after the axis; onnxruntime copies them piece by piece), else "gather":
     LeViT's int8 attention biases, 4 x 196 -> 4 x 196 x 196 along the last axis, take
     0.25 ms a gather where their table is dequantized at every inference."""
+    if _taken_apart(node, g):
+        return []
     shape = g.shape(node.inputs[0])
     axis = int(node.attrs.get("axis", 0))
     if not -len(shape) <= axis < len(shape):
@@ -561,6 +627,12 @@ def _gather(node: Node, g: Graph) -> list[LayerSpec]:
                          f"data of rank {len(shape)}; the model is malformed")
     strided = prod(shape[axis % len(shape) + 1:]) < WHOLE_BLOCK
     return [g.layer("data", node, g.activation(node), node.outputs[0], fn=STRIDED if strided else "gather")]
+
+
+def _slice_op(node: Node, g: Graph) -> list[LayerSpec]:
+    """A data movement, or nothing where it is one of the parts a transpose's layers price
+    (`_split_parts`)."""
+    return [] if _taken_apart(node, g) else [g.layer("data", node, g.activation(node), node.outputs[0], fn="slice")]
 
 
 def _resize(node: Node, g: Graph) -> list[LayerSpec]:
@@ -604,8 +676,8 @@ HANDLERS: dict[str, Handler] = {
                                      "ReduceLogSum", "ReduceLogSumExp", "ReduceProd")},
     "ReduceMax": _reduce("max"), "ReduceMin": _reduce("max"),
     "Resize": _resize, "Upsample": _resize, "Softmax": _unary("softmax"),
-    **{op: _unary("data", op.lower()) for op in
-       ("Slice", "Pad", "Expand", "Tile", "Cast", "DepthToSpace", "SpaceToDepth")},
+    **{op: _unary("data", op.lower()) for op in ("Pad", "Expand", "Tile", "Cast", "DepthToSpace", "SpaceToDepth")},
+    "Slice": _slice_op,
     "Gather": _gather,
     "Transpose": _transpose,
     # Views and quantization glue; Shape, Size and Constant compute on what is known at
