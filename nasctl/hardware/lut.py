@@ -1056,9 +1056,18 @@ class LutDevice(CostModel):
         """Whether the type's kernels reach within COVER of the layer's work; for an op whose
         sub-kind is the computation itself (a sigmoid or a gelu, a max or an average pool),
         its kernels of that sub-kind where it has any (a type measured on tiny sigmoids and
-        one large gelu does not cover a large sigmoid)."""
+        one large gelu does not cover a large sigmoid).  A type of fewer rows than the
+        nearest-neighbour regressor needs (`MIN_ROWS`) covers no layer under a COVER-th of
+        its smallest kernel's work either: its additive fit, all it has, can put the whole
+        time of one large kernel in its fixed cost (a profile whose one int8 softmax row was
+        of 10 million elements priced DeiT's int8 softmaxes of 30,000 at 21 ms each)."""
         largest = self._largest_of(ktype, layer.fn) if layer.op in _FN_IS_THE_OP else 0.0
-        return float(_work([layer])[0]) <= self.COVER * (largest or self._largest_work(ktype))
+        work = float(_work([layer])[0])
+        if work > self.COVER * (largest or self._largest_work(ktype)):
+            return False
+        rows = self._rows[ktype]
+        return len(rows) >= MIN_ROWS["nearest"] or \
+            work * self.COVER >= float(_work([layer_from_row(r) for r in rows]).min())
 
     def _largest_of(self, ktype: str, fn: str) -> float:
         if (ktype, fn) not in self._largest_fn:

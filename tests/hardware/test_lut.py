@@ -215,6 +215,21 @@ def test_kernels_far_beyond_their_types_rows_are_priced_from_a_type_that_covers_
     assert dev.estimate([small]).latency_ms == pytest.approx(2e-3 + 48 * 1e-4, rel=0.3)  # from its own rows
 
 
+def test_a_type_of_a_few_large_rows_does_not_price_a_far_smaller_kernel(rows):
+    # one int8 softmax measured, of 4 x 1601 x 1601 elements (20.8 ms): fitted to one row,
+    # its additive model can hold all of it as fixed cost and price a 3 x 101 x 101 one at
+    # 20.8 ms too.  That one is priced from the float softmaxes, which cover its size.
+    def softmax(heads, tokens, bits=32):
+        return LayerSpec("softmax", heads, heads, (tokens, tokens), (tokens, tokens), w_bits=bits, a_bits=bits)
+
+    huge = [row_from_layer(softmax(4, 1601, 8), 20.8)]
+    floats = [row_from_layer(softmax(h, t), 2e-3 + h * t * t * 2e-6) for h in (1, 3, 6) for t in (17, 50, 101, 197)]
+    dev = device(rows + huge + floats)
+    small = softmax(3, 101, 8)
+    assert dev.estimate([small]).latency_ms == pytest.approx(2e-3 + 3 * 101 * 101 * 2e-6, rel=0.3)
+    assert dev.estimate([softmax(4, 1601, 8)]).latency_ms == pytest.approx(20.8, rel=0.3)  # its own row's size
+
+
 def dq_act(c, hw, fn):
     return LayerSpec("act", c, c, (hw, hw), (hw, hw), w_bits=8, a_bits=8, fn=fn, dequantized=True)
 
