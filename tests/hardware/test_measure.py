@@ -697,6 +697,49 @@ def test_the_profile_fits_the_working_set_past_which_kernels_slow_down_no_furthe
     assert device.estimate(layers).latency_ms > 1.1 * (0.01 + sum(base) * slow(layers))  # the 256 MB one
 
 
+def test_the_table_holds_float_kernels_at_the_reference_working_set():
+    # Networks of convs of shapes of their own, small ones and large ones (beside a large
+    # transpose): every kernel 0.05 slower per e-fold of the working set.  A row is a
+    # kernel's time in its own network; the device prices rows at the reference working set
+    # and scales them to a model's, so the table holds each float row divided by its
+    # network's factor (else a small network's kernels, already fast, were scaled down
+    # twice), and the small networks are priced at their times.
+    from nasctl.hardware.lut import WorkingSet, layer_from_row, working_set_bytes, working_set_factor
+    from nasctl.hardware.measure.attribution import MeasuredNetwork
+    from nasctl.hardware.measure.profile import fit_profile
+
+    rng = np.random.default_rng(6)
+
+    def network(small):
+        layers = [LayerSpec("conv", c, c, (hw, hw), (hw, hw), (3, 3), name=f"k{j}:conv")
+                  for j, (c, hw) in enumerate(zip(rng.integers(8, 65, 6).tolist(), rng.integers(6, 17, 6).tolist()))]
+        rows = int(rng.choice([16, 64])) if small else int(rng.choice([1024, 4096, 16384]))
+        return layers + [LayerSpec("data", 1024, 1024, (rows, 1), (rows, 1), fn="transpose", name="k9:t")]
+
+    raw = [network(i % 3 == 0) for i in range(90)]
+    ref = float(np.median([working_set_bytes(layers) for layers in raw]))
+
+    def times(layers):
+        slow = 1 + 0.05 * np.log(working_set_bytes(layers) / ref)
+        return [(2e-3 + layer.macs * 1e-8 if layer.op == "conv" else 1e-4) * slow for layer in layers]
+
+    nets = [MeasuredNetwork(f"net {i}", layers, times(layers), [1.0] * len(layers), 0.01 + sum(times(layers)))
+            for i, layers in enumerate(raw)]
+    fitted = fit_profile("cpu-local", nets, {}, [0] * len(nets), [[1.0]])
+    scaled_by = WorkingSet(**fitted.spec["fit"]["kernel_offsets"]["float_rows_scaled_to_the_reference_working_set_by"])
+    assert scaled_by.slope == pytest.approx(0.05, abs=0.015)
+    table = {layer_from_row(r).shape_key(): r["latency_ms"] for r in fitted.rows}
+    small = [m for m in nets if 1 + 0.05 * np.log(working_set_bytes(m.layers) / ref) < 0.9]  # 10% faster or more
+    assert len(small) >= 10 and all(working_set_factor(scaled_by, m.layers) < 0.93 for m in small)
+    # their convs' rows: near their time in a network of the reference working set (0.91x
+    # median here; unscaled, their own networks' times: 0.82x)
+    ratios = [table[layer.shape_key()] / (2e-3 + layer.macs * 1e-8) for m in small for layer in m.layers[:6]]
+    assert 0.87 < float(np.median(ratios)) < 1.1
+    device = fitted.device()
+    errors = [device.estimate(m.layers).latency_ms / m.latency_ms - 1 for m in small]
+    assert abs(float(np.median(errors))) < 0.04, errors
+
+
 def test_large_context_networks_fit_the_slope_but_stay_out_of_the_table():
     # A large network's kernels ran slower than in a small model (its tensors left the
     # caches): its kernels must not price a small model's, but its end-to-end time is what
