@@ -593,8 +593,9 @@ def _split_parts(node: Node, g: Graph) -> Optional[list[int]]:
 
 
 def _transpose(node: Node, g: Graph) -> list[LayerSpec]:
-    """A data movement; where Slices or Gathers take its output apart (`_split_parts`), the
-    Split of its input and a transpose of each part onnxruntime runs in its place."""
+    """A data movement; where Slices, Gathers or a Split take its output apart
+    (`_split_parts`), the Split of its input and a transpose of each part onnxruntime runs
+    in its place."""
     x = g.activation(node)
     shape = g.shape(x)
     perm = _perm(node, len(shape))
