@@ -33,7 +33,12 @@ from typing import Optional, Sequence
 #             "skip" (`SKIP`) is one fused with the layer norm after it into one kernel
 #             (`onnx_import.Graph.skip_sum`).
 #   act       a stand-alone activation, `fn` names it (relu, sigmoid, gelu, ...).
-#   softmax, norm (layer/instance normalisation), resize, concat, split
+#   softmax, norm (layer/instance normalisation), resize, concat, split.  A layer norm
+#             with fn "layer_ops" (`LAYER_OPS`) is one spelled out in reductions over an
+#             axis other than the innermost (ConvNeXt's and EdgeNeXt's `channels_first`
+#             norm): runtimes do not fuse it into one kernel (onnxruntime's
+#             LayerNormFusion takes only the innermost axis), so it runs as its nine ops,
+#             each a pass over the tensor, against one pass of a fused layer norm.
 #   data      data movement only: reshape, transpose, flatten, squeeze, ...
 #             A transpose or a reduction (a pool) with fn "strided" (`STRIDED`) is one a
 #             runtime cannot run on whole contiguous blocks: a transpose that copies pieces
@@ -45,6 +50,7 @@ OPS = MAC_OPS | {"pool", "add", "mul", "act", "softmax", "norm", "resize", "conc
 SUM = "sum"  # the fn of an add that is a conv's residual sum (see above)
 MAX_NCHW = "max_nchw"  # the fn of an 8-bit max pool run in a plain channels-first kernel (above)
 STRIDED = "strided"  # the fn of a transpose or reduction run without contiguous blocks (above)
+LAYER_OPS = "layer_ops"  # the fn of a layer norm run op by op (above)
 # The fn of an add that a runtime fuses with the layer norm reading it into one kernel
 # (onnxruntime's SkipLayerNormalization: two float token tensors of one shape, N x T x C,
 # whose sum only the norm reads): its time is the fused kernel's share, not an add's.

@@ -76,7 +76,7 @@ from pydantic import BaseModel, ConfigDict, NonNegativeFloat, PositiveFloat, Pos
 from .. import specs, trees, workspace
 from ..errors import ConfigError, UsageError
 from .base import CostModel, CostReport, LayerCost
-from .layers import MAX_NCHW, OPS, SKIP, STRIDED, SUM, LayerSpec
+from .layers import LAYER_OPS, MAX_NCHW, OPS, SKIP, STRIDED, SUM, LayerSpec
 
 LUT_COLUMNS = ("op", "in_ch", "out_ch", "in_h", "in_w", "out_h", "out_w", "kernel_h", "kernel_w", "stride",
                "groups", "w_bits", "a_bits", "fn", "latency_ms")
@@ -420,7 +420,9 @@ def _name_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequant
     # A transpose or a reduction run without contiguous blocks (`STRIDED`) is another kernel
     # than one run on them: 4-20x its time per element.  An add fused with the layer norm
     # after it (`SKIP`) holds a share of the fused kernel: 1.3-2.8 ns per element against
-    # 0.2-0.4 for other adds.
+    # 0.2-0.4 for other adds.  A layer norm run op by op (`LAYER_OPS`) is nine kernels, each a
+    # pass over the tensor: about twice a fused layer norm's time (0.12 ms against 0.06 for
+    # a [1, 48, 40, 40] tensor here).
     if op == "conv" and groups != 1:
         if _plain_depthwise(op, groups, in_ch, w_bits, a_bits, dequantized, out_ch):
             return "conv_dw_nchw"
@@ -435,26 +437,29 @@ def _name_of(op: str, groups: int, in_ch: int, w_bits: int, a_bits: int, dequant
         return "pool_nchw"
     if op in ("data", "pool") and fn == STRIDED:
         return f"{op}_strided"
+    if op == "norm" and fn == LAYER_OPS:
+        return "norm_ops"
     return op
 
 
 # Kernel types a table without rows of their own prices from another's: channel-multiplier
 # convs from grouped ones, grouped convs from dense ones, channel-by-channel depthwise convs
 # from the others, residual sums from stand-alone adds, plain-kernel 8-bit max pools,
-# strided transposes and reductions from the others (tables made before each was told
-# apart).
+# strided transposes and reductions from the others, layer norms run op by op from fused
+# ones (tables made before each was told apart).
 _FALLBACK_TYPES = (("conv_mult", "conv_g"), ("conv_g", "conv"), ("conv_dw_nchw", "conv_dw"), ("add_sum", "add"),
-                   ("pool_nchw", "pool"), ("data_strided", "data"), ("pool_strided", "pool"), ("add_skip", "add"))
+                   ("pool_nchw", "pool"), ("data_strided", "data"), ("pool_strided", "pool"), ("add_skip", "add"),
+                   ("norm_ops", "norm"))
 # What such a layer is for a type that does not tell it apart: (op, fn) -> the general fn.
 _GENERAL_FN = {("pool", MAX_NCHW): "max", ("data", STRIDED): "transpose", ("pool", STRIDED): "avg",
-               ("add", SKIP): ""}
+               ("add", SKIP): "", ("norm", LAYER_OPS): "layer"}
 
 
 def as_general(layer: LayerSpec) -> LayerSpec:
     """A layer of a kernel type told apart from its op's others (a plain-kernel 8-bit max
-    pool, a strided transpose or reduction, an add fused into a layer norm) as the layer of
-    the general type it also is, for a table without rows of its own type; any other layer
-    as it is."""
+    pool, a strided transpose or reduction, an add fused into a layer norm, a layer norm run
+    op by op) as the layer of the general type it also is, for a table without rows of its
+    own type; any other layer as it is."""
     fn = _GENERAL_FN.get((layer.op, layer.fn))
     return replace(layer, fn=fn) if fn is not None else layer
 

@@ -31,7 +31,8 @@ What runtimes fuse is fused here too:
   - multi-node patterns become one node before the handlers see them (`PATTERNS`):
     Erf-based GELU (Div/Erf/Add/Mul/Mul), HardSwish as HardSigmoid*x or x*Clip(x+3)/6,
     Swish as x*Sigmoid(x), and layer norm spelled ReduceMean/Sub/Pow/ReduceMean/Add/
-    Sqrt/Div(/Mul/Add).
+    Sqrt/Div(/Mul/Add) (fn `LAYER_OPS` where it reduces over an axis other than the
+    innermost, which onnxruntime does not fuse).
   - Nodes that compute only on constants (weights, shapes) cost nothing: runtimes fold
     them when they load the model.  QuantizeLinear/DequantizeLinear cost nothing either:
     they set the bit widths of the layers they feed.  But onnxruntime folds no
@@ -73,7 +74,7 @@ from onnx import TensorProto, numpy_helper
 
 from ..errors import UsageError
 from .layout import BLOCKS, Reorder, reorders
-from .layers import (MAX_NCHW, SKIP, STRIDED, SUM, WHOLE_BLOCK, LayerSpec, chw, reduction_is_strided,
+from .layers import (LAYER_OPS, MAX_NCHW, SKIP, STRIDED, SUM, WHOLE_BLOCK, LayerSpec, chw, reduction_is_strided,
                      transpose_is_strided, transpose_view)
 
 Shape = tuple[int, ...]
@@ -452,8 +453,21 @@ def _batch_norm(node: Node, g: Graph) -> list[LayerSpec]:
 
 def _norm(fn: str) -> Handler:
     def handle(node: Node, g: Graph) -> list[LayerSpec]:
-        return [g.layer("norm", node, node.inputs[0], node.outputs[0], fn=fn)]
+        kind = LAYER_OPS if fn == "layer" and _runs_op_by_op(node, g) else fn
+        return [g.layer("norm", node, node.inputs[0], node.outputs[0], fn=kind)]
     return handle
+
+
+def _runs_op_by_op(norm: Node, g: Graph) -> bool:
+    """Whether a layer norm spelled out in ops (`_layer_norm`) reduces over an axis other
+    than the innermost: onnxruntime's LayerNormFusion takes only the innermost, so such a
+    norm (ConvNeXt's and EdgeNeXt's `channels_first` LayerNorm) runs op by op."""
+    if not norm.members:
+        return False
+    mean = norm.members[0]
+    shape = g.shape(mean.inputs[0])
+    axes = {a for a in _reduced_axes(mean, shape, g.shape(mean.outputs[0])) if shape[a] != 1}
+    return axes != {len(shape) - 1}
 
 
 def _activation(fn: str) -> Handler:

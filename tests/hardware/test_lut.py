@@ -652,6 +652,30 @@ def test_adds_fused_into_a_layer_norm_and_strided_ops_are_priced_apart_and_as_th
     assert both.estimate([add(100)]).latency_ms == pytest.approx(without.estimate([add(100)]).latency_ms)
 
 
+def test_layer_norms_run_op_by_op_are_priced_apart_and_as_fused_ones_where_the_table_has_none(rows):
+    """A layer norm spelled out over the channels of an NCHW tensor runs op by op
+    (`LAYER_OPS`), about twice a fused one's time: its own rows price it and the fused
+    norms keep theirs, which it no longer shares descriptors with; a table without such
+    rows prices it as the fused layer norm it also is."""
+    from nasctl.hardware.layers import LAYER_OPS
+    from nasctl.hardware.lut import as_general, kernel_group, kernel_type
+
+    def norm(c, hw, fn="layer"):
+        return LayerSpec("norm", c, c, (hw, hw), (hw, hw), fn=fn)
+
+    sizes = [(16, 8), (24, 12), (32, 16), (40, 20), (48, 24), (64, 32)]
+    fused = [row_from_layer(norm(c, hw), 1e-6 * c * hw * hw) for c, hw in sizes]
+    ops = [row_from_layer(norm(c, hw, LAYER_OPS), 2e-6 * c * hw * hw) for c, hw in sizes]
+    assert kernel_type(norm(40, 40, LAYER_OPS)) == kernel_group(norm(40, 40, LAYER_OPS)) == "norm_ops"
+    assert kernel_type(norm(40, 40)) == "norm" and as_general(norm(40, 40, LAYER_OPS)) == norm(40, 40)
+    fused_only = device(rows + fused, overhead={"per_layer_ms": 0.0})
+    assert fused_only.estimate([norm(40, 30, LAYER_OPS)]).latency_ms == pytest.approx(
+        fused_only.estimate([norm(40, 30)]).latency_ms)
+    both = device(rows + fused + ops, overhead={"per_layer_ms": 0.0})
+    assert both.estimate([norm(40, 30, LAYER_OPS)]).latency_ms == pytest.approx(2e-6 * 40 * 900, rel=0.25)
+    assert both.estimate([norm(40, 30)]).latency_ms == pytest.approx(1e-6 * 40 * 900, rel=0.25)
+
+
 def test_plain_kernel_int8_max_pools_are_priced_apart_and_as_max_pools_where_the_table_has_none(rows):
     """An 8-bit max pool onnxruntime runs in its plain channels-first kernel (`MAX_NCHW`)
     costs many times one in the channels-last layout: its own rows price it, the other

@@ -389,6 +389,40 @@ def test_decomposed_layer_norm_is_one_norm_layer(tmp_path, affine):
     assert (layer.op, layer.fn, layer.in_ch, layer.in_hw, layer.out_elems) == ("norm", "layer", 16, (5, 1), 80)
 
 
+@pytest.mark.parametrize("shape, axis, opset, fused", [
+    ([1, 5, 16], -1, 17, True),         # tokens: the innermost axis
+    ([1, 6, 6, 16], 3, 17, True),       # channels last (ConvNeXt's norm after its permute)
+    ([1, 16, 6, 6], 1, 17, False),      # channels first (ConvNeXt's and EdgeNeXt's LayerNorm2d spelled out)
+    ([1, 16, 6, 6], 1, 18, False),      # axes as an input, as opset 18 writes them
+])
+def test_a_layer_norm_spelled_out_over_another_axis_than_the_innermost_runs_op_by_op(tmp_path, shape, axis, opset,
+                                                                                    fused):
+    """onnxruntime fuses a spelled-out layer norm into one LayerNormalization only where it
+    reduces the innermost axis; over the channels of an NCHW tensor it runs its nine ops,
+    each a pass over the tensor: another kernel (fn `LAYER_OPS`), checked against the
+    optimized graph."""
+    ort = pytest.importorskip("onnxruntime")
+    c = shape[axis]
+
+    def mean(x, y):
+        if opset >= 18:
+            return node("ReduceMean", [x, "axes"], [y])
+        return node("ReduceMean", [x], [y], axes=[axis])
+
+    nodes = [mean("x", "mu"), node("Sub", ["x", "mu"], ["d"]), node("Pow", ["d", "two"], ["sq"]), mean("sq", "var"),
+             node("Add", ["var", "eps"], ["ve"]), node("Sqrt", ["ve"], ["sd"]), node("Div", ["d", "sd"], ["n"]),
+             node("Mul", ["n", "gamma"], ["ng"]), node("Add", ["ng", "beta"], ["y"])]
+    affine = [c] + [1] * (len(shape) - 1 - axis % len(shape))
+    inits = [const("two", 2.0), const("eps", 1e-5), weight("gamma", *affine), weight("beta", *affine)]
+    if opset >= 18:
+        inits.append(const("axes", [axis], np.int64))
+    path = save(tmp_path / "m.onnx", nodes, {"x": shape}, ["y"], inits, opset)
+    layer = only(import_onnx(path).layers)
+    assert (layer.op, layer.fn) == ("norm", "layer" if fused else "layer_ops")
+    ran = optimized_ops(path, tmp_path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    assert ("LayerNormalization" in ran) == fused and ("ReduceMean" in ran) == (not fused), ran
+
+
 def test_layer_norm_op(tmp_path):
     layer = only(layers_of(tmp_path, [node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)],
                            {"x": [1, 7, 12]}, ["y"], [weight("g", 12), weight("b", 12)]))
