@@ -18,6 +18,45 @@ def export(model) -> dict:
             "trees": trees}
 
 
+def fit_lad(X: np.ndarray, y: np.ndarray, *, n_estimators: int, learning_rate: float, max_depth: int,
+            min_samples_leaf: int, seed: int = 0) -> dict:
+    """`export`'s data of GradientBoostingRegressor(loss="absolute_error", ...) fitted to
+    X, y - the same trees, split for split and leaf for leaf (tested) - in a third to half
+    the time on the few hundred rows of a kernel type.  scikit-learn sets each leaf to the
+    median of its rows' residuals in a Python call per leaf (70% of a device's fit);
+    here the leaves of a tree are set together, from one sort of the residuals by leaf.
+    Each tree is scikit-learn's regression tree on the signs of the residuals, drawing from
+    one random state seeded by `seed`, as the ensemble draws."""
+    from sklearn.tree import DecisionTreeRegressor
+
+    X, y = np.asarray(X, dtype=np.float32), np.asarray(y, dtype=float)
+    n = len(y)
+    weight = np.ones(n)
+    init = float(np.percentile(y, 50))
+    raw = np.full(n, init)
+    random_state = np.random.RandomState(seed)
+    trees = []
+    for _ in range(n_estimators):
+        sign = np.where(raw > y, -1.0, 1.0)  # the negative gradient of |y - raw|
+        tree = DecisionTreeRegressor(criterion="squared_error", max_depth=max_depth,
+                                     min_samples_leaf=min_samples_leaf, random_state=random_state)
+        tree.fit(X, sign, sample_weight=weight, check_input=False)
+        t = tree.tree_
+        leaf = t.apply(X)
+        residual = y - raw
+        order = np.lexsort((residual, leaf))
+        by_leaf = leaf[order]
+        starts = np.flatnonzero(np.r_[True, by_leaf[1:] != by_leaf[:-1]])
+        counts = np.diff(np.r_[starts, n])
+        value = t.value[:, 0, 0].copy()
+        # the weighted median scikit-learn takes: of an even count, the lower middle
+        value[by_leaf[starts]] = residual[order][starts + (counts + 1) // 2 - 1]
+        raw += learning_rate * value[leaf]
+        trees.append({"left": t.children_left.tolist(), "right": t.children_right.tolist(),
+                      "feature": t.feature.tolist(), "threshold": t.threshold.tolist(), "value": value.tolist()})
+    return {"init": init, "learning_rate": float(learning_rate), "trees": trees}
+
+
 class Ensemble:
     """Predictions of exported trees: init + learning rate x the sum of the leaf values.
     The trees are held as one set of flat arrays and walked together, a level at a time."""

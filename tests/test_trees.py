@@ -15,3 +15,19 @@ def test_exported_trees_predict_as_scikit_learn_does_after_a_json_round_trip():
     test = rng.normal(size=(400, 6))
     np.testing.assert_allclose(ensemble.predict(test), model.predict(test), rtol=0, atol=1e-12)
     np.testing.assert_allclose(ensemble.predict(test[:1]), model.predict(test[:1]), rtol=0, atol=1e-12)
+
+
+def test_fit_lad_grows_the_trees_scikit_learn_grows_split_for_split():
+    """A device's boosted regressors are fitted by `fit_lad`, not scikit-learn's ensemble:
+    the same trees (children, features, thresholds, leaf values) and initial value, on
+    rows with repeated values and ties among features (a column copied, one constant),
+    odd and even leaf sizes, several seeds."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(257, 5))
+    X = np.column_stack([X, X[:, 0], np.zeros(len(X)), np.round(X[:, 1])])  # tied and constant features
+    y = np.round(X[:, 0] ** 2 + np.abs(X[:, 2]) + rng.normal(scale=0.2, size=len(X)), 1)  # repeated values
+    for seed in (0, 3):
+        ours = trees.fit_lad(X, y, n_estimators=40, learning_rate=0.1, max_depth=5, min_samples_leaf=3, seed=seed)
+        theirs = trees.export(GradientBoostingRegressor(loss="absolute_error", n_estimators=40, learning_rate=0.1,
+                                                        max_depth=5, min_samples_leaf=3, random_state=seed).fit(X, y))
+        assert ours == theirs

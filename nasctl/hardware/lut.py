@@ -653,14 +653,11 @@ class _Boost:
     (`nasctl.trees`): `state` is what `regressors.json` stores."""
 
     def fit(self, layers, y):
-        from sklearn.ensemble import GradientBoostingRegressor
-
-        model = GradientBoostingRegressor(loss="absolute_error", n_estimators=300, learning_rate=0.1, max_depth=5,
-                                          min_samples_leaf=3, random_state=0)
         fixed = _fixed_work(layers, y)
         target = y - np.log(_work(layers, fixed))
-        return self.restore({**trees.export(model.fit(features(layers), target)), "fixed_work": fixed,
-                             "per_channel": _per_channel(layers)})
+        model = trees.fit_lad(features(layers), target, n_estimators=300, learning_rate=0.1, max_depth=5,
+                              min_samples_leaf=3, seed=0)
+        return self.restore({**model, "fixed_work": fixed, "per_channel": _per_channel(layers)})
 
     def restore(self, state: dict):
         self.state, self.ensemble = state, trees.Ensemble(state)
