@@ -3,9 +3,12 @@
 `export` turns a fitted scikit-learn `GradientBoostingRegressor` into JSON-ready data -
 its initial value, learning rate and every tree's children, split features, thresholds
 and leaf values - and `Ensemble` predicts from that data without scikit-learn: saved
-models are JSON, never pickles, and load in milliseconds."""
+models are JSON (`pack`: each field as base64 binary), never pickles, and load in
+milliseconds."""
 
 from __future__ import annotations
+
+import base64
 
 import numpy as np
 
@@ -57,18 +60,55 @@ def fit_lad(X: np.ndarray, y: np.ndarray, *, n_estimators: int, learning_rate: f
     return {"init": init, "learning_rate": float(learning_rate), "trees": trees}
 
 
+def average(models: list[dict]) -> dict:
+    """One model of `export`'s data predicting the mean of several of one learning rate:
+    their initial values averaged, every tree kept, the learning rate divided by their
+    number."""
+    rates = {m["learning_rate"] for m in models}
+    if len(rates) != 1:
+        raise ValueError(f"models of learning rates {sorted(rates)} cannot be averaged as one")
+    return {"init": float(np.mean([m["init"] for m in models])), "learning_rate": rates.pop() / len(models),
+            "trees": [tree for m in models for tree in m["trees"]]}
+
+
+# The fields of a tree, as packed (`pack`): little-endian binary, base64 in JSON.
+_PACKED = {"left": "<i4", "right": "<i4", "feature": "<i4", "threshold": "<f8", "value": "<f8"}
+
+
+def pack(data: dict) -> dict:
+    """`export`'s data with each field of all its trees as one base64 string of
+    little-endian binary and the trees' node counts: the same model, read back exactly and
+    about ten times faster than lists of numbers (a device's regressors are read each time
+    `nasctl predict` runs)."""
+    trees = data["trees"]
+    out = {k: v for k, v in data.items() if k != "trees"}
+    out["sizes"] = [len(tree["left"]) for tree in trees]
+    for field, dtype in _PACKED.items():
+        values = np.concatenate([np.asarray(tree[field], dtype=dtype) for tree in trees]) if trees else \
+            np.zeros(0, dtype=dtype)
+        out[field] = base64.b64encode(values.tobytes()).decode("ascii")
+    return out
+
+
 class Ensemble:
     """Predictions of exported trees: init + learning rate x the sum of the leaf values.
-    The trees are held as one set of flat arrays and walked together, a level at a time."""
+    The trees are held as one set of flat arrays and walked together, a level at a time.
+    `data` is `export`'s or `pack`'s."""
 
     def __init__(self, data: dict):
         self.init, self.rate = data["init"], data["learning_rate"]
-        trees = data["trees"]
+        if "sizes" in data:  # packed
+            sizes = list(data["sizes"])
 
-        def flat(field: str, dtype) -> np.ndarray:
-            return np.concatenate([np.asarray(tree[field], dtype=dtype) for tree in trees])
+            def flat(field: str, dtype) -> np.ndarray:
+                return np.frombuffer(base64.b64decode(data[field]), dtype=_PACKED[field]).astype(dtype)
+        else:
+            trees = data["trees"]
+            sizes = [len(tree["left"]) for tree in trees]
 
-        sizes = [len(tree["left"]) for tree in trees]
+            def flat(field: str, dtype) -> np.ndarray:
+                return np.concatenate([np.asarray(tree[field], dtype=dtype) for tree in trees])
+
         self.roots = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
         offset = np.repeat(self.roots, sizes)  # child indices of each tree, into the flat arrays
         left, right = flat("left", np.int64), flat("right", np.int64)

@@ -31,3 +31,26 @@ def test_fit_lad_grows_the_trees_scikit_learn_grows_split_for_split():
         theirs = trees.export(GradientBoostingRegressor(loss="absolute_error", n_estimators=40, learning_rate=0.1,
                                                         max_depth=5, min_samples_leaf=3, random_state=seed).fit(X, y))
         assert ours == theirs
+
+
+def test_packed_trees_predict_exactly_as_the_trees_they_pack_after_a_json_round_trip():
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(200, 4))
+    y = X[:, 0] - X[:, 1] ** 2 + rng.normal(scale=0.1, size=200)
+    data = trees.average([trees.fit_lad(X, y, n_estimators=30, learning_rate=0.1, max_depth=4, min_samples_leaf=3,
+                                        seed=seed) for seed in (0, 1)])
+    packed = json.loads(json.dumps(trees.pack(data)))
+    assert "trees" not in packed and len(packed["sizes"]) == 60
+    test = rng.normal(size=(300, 4)) * 1.5
+    np.testing.assert_array_equal(trees.Ensemble(packed).predict(test), trees.Ensemble(data).predict(test))
+
+
+def test_an_average_of_models_predicts_their_mean():
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(150, 3))
+    y = np.sin(X[:, 0]) + X[:, 2]
+    models = [trees.fit_lad(X, y, n_estimators=25, learning_rate=0.1, max_depth=3, min_samples_leaf=3, seed=seed)
+              for seed in range(3)]
+    test = rng.normal(size=(50, 3))
+    mean = np.mean([trees.Ensemble(m).predict(test) for m in models], axis=0)
+    np.testing.assert_allclose(trees.Ensemble(trees.average(models)).predict(test), mean, rtol=0, atol=1e-12)

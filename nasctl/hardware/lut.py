@@ -645,19 +645,31 @@ class _Additive:
         return np.log(np.maximum(_terms(layers, self.per_channel) @ self.w, 1e-9))
 
 
+BOOST_SEEDS = 5  # boosted models a `boost` regressor averages (`_Boost`)
+
+
 class _Boost:
     """Gradient-boosted trees on the log-scale features predicting the log of the time per
     unit of work (MACs with channels padded to vector blocks, else elements moved, plus
     the type's fixed cost in units of work - `_fixed_work`): a smooth target, and beyond
     the measured sizes the rate of the nearest ones holds.  Kept as plain arrays
-    (`nasctl.trees`): `state` is what `regressors.json` stores."""
+    (`nasctl.trees`): `state` is what `regressors.json` stores.
+
+    It is the mean of BOOST_SEEDS such models grown from seeds 0, 1, ...: a tree takes
+    among splits that part the rows alike (features that order them the same way) the one
+    a random order of the features comes to first, and which one it took decides the
+    price of a kernel unlike the rows.  One model's seed alone moved published models'
+    prices by up to 7% (int8 MobileNetV4, RegNetY); five averaged, by up to 2.5%
+    (`benchmarks/README.md`)."""
 
     def fit(self, layers, y):
         fixed = _fixed_work(layers, y)
         target = y - np.log(_work(layers, fixed))
-        model = trees.fit_lad(features(layers), target, n_estimators=300, learning_rate=0.1, max_depth=5,
-                              min_samples_leaf=3, seed=0)
-        return self.restore({**model, "fixed_work": fixed, "per_channel": _per_channel(layers)})
+        X = features(layers)
+        models = [trees.fit_lad(X, target, n_estimators=300, learning_rate=0.1, max_depth=5, min_samples_leaf=3,
+                                seed=seed) for seed in range(BOOST_SEEDS)]
+        return self.restore({**trees.pack(trees.average(models)), "fixed_work": fixed,
+                             "per_channel": _per_channel(layers)})
 
     def restore(self, state: dict):
         self.state, self.ensemble = state, trees.Ensemble(state)
