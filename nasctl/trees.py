@@ -24,9 +24,10 @@ def export(model) -> dict:
 def fit_lad(X: np.ndarray, y: np.ndarray, *, n_estimators: int, learning_rate: float, max_depth: int,
             min_samples_leaf: int, seed: int = 0) -> dict:
     """`export`'s data of GradientBoostingRegressor(loss="absolute_error", ...) fitted to
-    X, y - the same trees, split for split and leaf for leaf (tested) - in a third to half
-    the time on the few hundred rows of a kernel type.  scikit-learn sets each leaf to the
-    median of its rows' residuals in a Python call per leaf (70% of a device's fit);
+    X, y - the same trees, split for split and leaf for leaf (tested) - in a third of the
+    time on the few hundred rows of most kernel types (four fifths on 2,900 rows of dense
+    convs).  scikit-learn sets each leaf to the median of its rows' residuals in a Python
+    call per leaf (70% of a device's fit);
     here the leaves of a tree are set together, from one sort of the residuals by leaf.
     Each tree is scikit-learn's regression tree on the signs of the residuals, drawing from
     one random state seeded by `seed`, as the ensemble draws."""
