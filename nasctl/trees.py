@@ -27,8 +27,8 @@ def fit_lad(X: np.ndarray, y: np.ndarray, *, n_estimators: int, learning_rate: f
     X, y - the same trees, split for split and leaf for leaf (tested) - in a third of the
     time on the few hundred rows of most kernel types (four fifths on 2,900 rows of dense
     convs).  scikit-learn sets each leaf to the median of its rows' residuals in a Python
-    call per leaf (70% of a device's fit);
-    here the leaves of a tree are set together, from one sort of the residuals by leaf.
+    call per leaf (70% of a device's fit); here the leaves of a tree are set together,
+    from one sort of the residuals by leaf.
     Each tree is scikit-learn's regression tree on the signs of the residuals, drawing from
     one random state seeded by `seed`, as the ensemble draws."""
     from sklearn.tree import DecisionTreeRegressor
@@ -79,7 +79,8 @@ _PACKED = {"left": "<i4", "right": "<i4", "feature": "<i4", "threshold": "<f8", 
 def pack(data: dict) -> dict:
     """`export`'s data with each field of all its trees as one base64 string of
     little-endian binary and the trees' node counts: the same model, read back exactly and
-    about ten times faster than lists of numbers (a device's regressors are read each time
+    about seven times faster than lists of numbers (the 18 boosted types of a profile,
+    parsed and built: 0.075 s against 0.50 s; a device's regressors are read each time
     `nasctl predict` runs)."""
     trees = data["trees"]
     out = {k: v for k, v in data.items() if k != "trees"}
