@@ -278,7 +278,7 @@ def test_a_full_profile_draws_every_tenth_context_network_large_and_a_quick_one_
     import nasctl.hardware.measure.profile as profile
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_NARROW
+    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_MOBILE
     nets = profile.context_networks(600, seed=7)
 
     def macs(model) -> int:
@@ -1007,7 +1007,7 @@ def test_a_full_profile_draws_every_tenth_network_of_depthwise_convs_with_a_chan
     from nasctl.hardware.measure.context import multiplier_network
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(100) == profile.SEEDING_NARROW  # which keeps SEEDING_MULTIPLIER's networks
+    assert profile.seeding_for(100) == profile.SEEDING_MOBILE  # which keeps SEEDING_MULTIPLIER's networks
     nets = profile.context_networks(500, seed=7)
     drawn = [i for i in range(len(nets)) if profile.is_multiplier(i, profile.SEEDING_NARROW)]
     assert drawn and all(i % 10 == profile.MULTIPLIER_AT for i in drawn)
@@ -1060,6 +1060,49 @@ def test_a_full_profile_draws_every_tenth_network_with_a_narrow_stem(tmp_path, m
         before = profile.context_network(7, i, profile.SEEDING_MULTIPLIER)[0].SerializeToString()
         assert (profile.context_network(7, i, profile.SEEDING_NARROW)[0].SerializeToString() == before) == \
             (i not in drawn)
+
+
+def test_a_full_profile_draws_every_twentieth_network_a_mobile_one_with_a_first_block_of_stride_one(
+        tmp_path, monkeypatch):
+    """Published mobile nets run their first block at the stem's resolution with stride 1
+    (MobileNetV2's depthwise conv of 32 channels at 112x112); random networks' first blocks
+    have stride 2, and int8 MobileNetV2's unfused depthwise convs (`conv_dw_w8a8_dq`) were
+    priced from strided ones at 1.6x their time.  A full profile draws every twentieth
+    network (SEEDING_MOBILE, at MOBILE_AT) a mobile one, float and int8, whose int8 ones
+    hold depthwise convs of stride 1 at 56 px or more that onnxruntime runs dequantized, and
+    hardswishes and swishes, which it runs apart from their convs; the other networks, and
+    every network of a profile drawn before, are as they were drawn."""
+    import nasctl.hardware.measure.profile as profile
+    from nasctl.hardware.lut import kernel_type
+    from nasctl.hardware.measure.context import mobile_network
+
+    monkeypatch.setattr(profile, "LARGE_FROM", 100)
+    assert profile.seeding_for(100) == profile.SEEDING_MOBILE
+    nets = profile.context_networks(300, seed=7)
+    drawn = [i for i in range(len(nets)) if profile.is_mobile(i, profile.SEEDING_MOBILE)]
+    assert drawn and all(i % 20 == profile.MOBILE_AT for i in drawn)
+    assert not any(profile.is_mobile(i, profile.SEEDING_NARROW) for i in range(len(nets)))
+    for i in drawn:
+        model, description = nets[i]
+        assert description.startswith(("mobile ", "int8 mobile ", "int8 per-channel mobile "))
+    for i in (0, 1, 3, 5, 18, drawn[0]):  # the other networks, and a profile drawn before: as they were drawn
+        before = profile.context_network(7, i, profile.SEEDING_NARROW)[0].SerializeToString()
+        assert (profile.context_network(7, i, profile.SEEDING_MOBILE)[0].SerializeToString() == before) == \
+            (i not in drawn)
+    firsts, dequantized, bits, int8_fns = [], [], set(), set()
+    for k in range(12):
+        onnx.save(mobile_network(np.random.default_rng([7, k]))[0], str(tmp_path / "net.onnx"))
+        layers = import_onnx(tmp_path / "net.onnx").layers
+        stem = layers[0]
+        depthwise = [layer for layer in layers if layer.op == "conv" and layer.groups == layer.in_ch > 1]
+        assert stem.op == "conv" and stem.in_ch == 3 and stem.stride == 2
+        firsts.append(depthwise[0].stride == 1 and depthwise[0].in_hw == stem.out_hw)
+        bits.add(stem.w_bits)
+        dequantized += [layer for layer in depthwise if kernel_type(layer) == "conv_dw_w8a8_dq" and
+                        layer.stride == 1 and layer.in_hw[0] >= 56]
+        int8_fns |= {layer.fn for layer in layers if layer.w_bits == 8}
+    assert all(firsts) and bits == {8, 32} and dequantized
+    assert {"hardswish", "sigmoid"} <= int8_fns  # int8 hardswishes, and swishes' sigmoids, as published nets hold
 
 
 def test_where_a_classifier_starts_reading_from_memory_does_not_jump_between_two_profiles():

@@ -713,6 +713,50 @@ def narrow_network(rng: np.random.Generator, max_macs: float = 4e7, min_macs: fl
     return b.model(y), f"narrow {'/'.join(dict.fromkeys(used)) or 'plain'} {size}px"
 
 
+MOBILE_SIZES = (160, 192, 224, 256)  # the inputs mobile networks see
+
+
+def mobile_network(rng: np.random.Generator, max_macs: float = 1.5e8, min_macs: float = 2e7):
+    """A mobile conv net as published ones begin: a stride-2 stem at 160-256 px, then a first
+    block at the stem's resolution with stride 1 - a depthwise conv of 16-48 channels at
+    80-128 px and a pointwise one (the first blocks of MobileNetV1/V2, MnasNet and
+    EfficientNet) - then inverted-residual stages.
+    Half of them int8, quantized as users quantize models for onnxruntime: it runs some of
+    their depthwise convs as QLinearConv and others, unfused, in its plain float conv
+    between dequantize and quantize nodes (`conv_dw_w8a8_dq`), at 3-6x the time of a
+    blocked one.  Their activations are published mobile nets' in int8 too: a hardswish or
+    a swish (LCNet, MobileNetV3, EfficientNet) runs apart from an int8 conv, in float
+    between dequantize and quantize nodes, where the other int8 context networks' relus
+    fold into the conv's output range (int8 LCNet's 1x1 convs with a hardswish were priced
+    at a seventh of their time).  The other context networks' first blocks have stride 2,
+    so their depthwise convs of stride 1 start at a quarter of their input's size, and
+    their int8 ones of that kind stopped at 24 px in a full profile (int8 MobileNetV2's of
+    112 px were priced from strided ones, 1.6x their time).  Of 20-150 MMAC."""
+    budget = float(np.exp(rng.uniform(np.log(min_macs), np.log(max_macs))))
+    size = _pick(rng, MOBILE_SIZES)
+    int8 = bool(rng.random() < 0.5)
+    b = NetBuilder(rng, (1, 3, size, size))
+    blocks = _Blocks(b, rng, budget)
+    act = _pick(rng, ("relu", "relu6", "hardswish", "swish"))
+    stem = _pick(rng, (16, 24, 32, 32, 40, 48))
+    x = b.conv("input", stem, 3, 2, act=act)
+    # the first block: a depthwise conv at the stem's size, a squeeze-excite a third of the
+    # time (EfficientNet's), a pointwise conv; without an expansion, as in all four
+    y = b.conv(x, stem, _pick(rng, (3, 3, 5)), 1, groups=stem, act=act)
+    if rng.random() < 1 / 3:
+        y = blocks.squeeze_excite(y)
+    x = b.conv(y, _pick(rng, (16, 16, 24, 32)), 1, act=_pick(rng, (act, "")))
+    kinds = ("mbconv", "mbconv", "mbconv", "ghost", "mixconv")
+    x, used = _stages(blocks, x, act, lambda _: _pick(rng, kinds), _width, repeats=3)
+    if rng.random() < 0.5:
+        x = b.conv(x, _width(rng, 4 * blocks.ch(x)), 1, act=act)
+    model = b.model(b.classifier(b.global_pool(x), _pick(rng, (10, 100, 1000))))
+    description = f"mobile {'/'.join(dict.fromkeys(used)) or 'mbconv'} {size}px"
+    if int8:
+        return _int8(model, description, rng, per_channel=bool(rng.random() < 0.5))
+    return model, description
+
+
 def multiplier_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: float = 1e6):
     """A conv net whose stages are mostly `separable` blocks: depthwise convs with a channel
     multiplier (FastViT, MobileOne, Xception), which onnxruntime runs group by group, one

@@ -24,8 +24,8 @@ import numpy as np
 from ..fit import MEASUREMENTS_FILE
 from .attribution import (FLOOR_MS, MeasuredNetwork, in_context_costs, known_layout, layout_block,
                           measure_networks, measured_network, prepare_networks, reorder_times, tagged_by_kernel)
-from .context import (OPSET, TAG, headed_network, multiplier_network, narrow_network, odd_width_network,
-                      random_network, strided_network)
+from .context import (OPSET, TAG, headed_network, mobile_network, multiplier_network, narrow_network,
+                      odd_width_network, random_network, strided_network)
 from .runner import Protocol, measure_chunks
 from .timing import measure_models
 
@@ -58,7 +58,8 @@ def reference_networks(n: int = 3) -> list:
 # of them do so (`context.random_network`'s erf_gelu), and since networks of depthwise convs
 # with a channel multiplier were added (SEEDING_MULTIPLIER), every ODD_EVERY-th from
 # MULTIPLIER_AT is one, and since narrow networks were added (SEEDING_NARROW), every
-# ODD_EVERY-th from NARROW_AT; profiles drawn before build their networks as they were drawn.
+# ODD_EVERY-th from NARROW_AT, and since mobile networks were added (SEEDING_MOBILE), every
+# MOBILE_EVERY-th from MOBILE_AT; profiles drawn before build their networks as they were drawn.
 SEEDING_PLAIN, SEEDING_LARGE = "per network", "per network, large every 10th"
 SEEDING_ODD = "per network, large every 10th, odd widths every 10th"
 SEEDING_STRIDED = "per network, large every 10th, odd widths every 10th, strided ops every 10th"
@@ -66,11 +67,13 @@ SEEDING_HEADED = "per network, large every 10th, odd widths every 10th, strided 
 SEEDING_ERF = SEEDING_HEADED + ", int8 erf gelus"
 SEEDING_MULTIPLIER = SEEDING_ERF + ", channel multipliers every 10th"
 SEEDING_NARROW = SEEDING_MULTIPLIER + ", narrow stems every 10th"
+SEEDING_MOBILE = SEEDING_NARROW + ", mobile every 20th"
 # profiles whose context networks can be built again
 SEEDINGS = (SEEDING_PLAIN, SEEDING_LARGE, SEEDING_ODD, SEEDING_STRIDED, SEEDING_HEADED, SEEDING_ERF,
-            SEEDING_MULTIPLIER, SEEDING_NARROW)
+            SEEDING_MULTIPLIER, SEEDING_NARROW, SEEDING_MOBILE)
 LARGE_EVERY, LARGE_FROM = 10, 5000
 ODD_EVERY, ODD_AT, STRIDED_AT, HEADED_AT, MULTIPLIER_AT, NARROW_AT = 10, 4, 7, 1, 2, 5
+MOBILE_EVERY, MOBILE_AT = 20, 8  # half of a slot the random networks held
 LARGE_MACS = (1e8, 1e9)
 LARGE_PREFIX = "large "  # a large network's description starts so
 KNEE_GAIN = 0.02  # the least share of the loss a working-set knee must take off to be kept
@@ -83,8 +86,9 @@ def seeding_for(kernels: int) -> str:
     """How the context networks of a profile of `kernels` kernels are drawn: with large
     networks (`is_large`), odd-width ones (`is_odd_width`), strided-op ones (`is_strided`),
     headed ones (`is_headed`), channel-multiplier ones (`is_multiplier`) and narrow ones
-    (`is_narrow`) from LARGE_FROM kernels on (a quick profile stays quick)."""
-    return SEEDING_NARROW if kernels >= LARGE_FROM else SEEDING_PLAIN
+    (`is_narrow`) and mobile ones (`is_mobile`) from LARGE_FROM kernels on (a quick
+    profile stays quick)."""
+    return SEEDING_MOBILE if kernels >= LARGE_FROM else SEEDING_PLAIN
 
 
 def _since(seeding: str, first: str) -> bool:
@@ -132,6 +136,12 @@ def is_narrow(index: int, seeding: str) -> bool:
     return _since(seeding, SEEDING_NARROW) and index % ODD_EVERY == NARROW_AT
 
 
+def is_mobile(index: int, seeding: str) -> bool:
+    """Whether context network `index` is a mobile one (`context.mobile_network`): a first
+    block of stride 1 at its stem's resolution, half of them int8."""
+    return _since(seeding, SEEDING_MOBILE) and index % MOBILE_EVERY == MOBILE_AT
+
+
 def context_network(seed: int, index: int, seeding: str):
     """The context network `index` of the profile of `seed` drawn by `seeding` (an onnx
     model and a description)."""
@@ -150,6 +160,8 @@ def context_network(seed: int, index: int, seeding: str):
         return multiplier_network(rng)
     if is_narrow(index, seeding):
         return narrow_network(rng)
+    if is_mobile(index, seeding):
+        return mobile_network(rng)
     return random_network(rng, erf_gelu=erf)
 
 
