@@ -723,15 +723,15 @@ def mobile_network(rng: np.random.Generator, max_macs: float = 1.5e8, min_macs: 
     EfficientNet) - then inverted-residual stages.
     Half of them int8, quantized as users quantize models for onnxruntime: it runs some of
     their depthwise convs as QLinearConv and others, unfused, in its plain float conv
-    between dequantize and quantize nodes (`conv_dw_w8a8_dq`), at 3-6x the time of a
-    blocked one.  Their activations are published mobile nets' in int8 too: a hardswish or
+    between dequantize and quantize nodes (`conv_dw_w8a8_dq`), at 5-10x the time of a
+    blocked float one (int8 MobileNetV2's).  Their activations are published mobile nets' in int8 too: a hardswish or
     a swish (LCNet, MobileNetV3, EfficientNet) runs apart from an int8 conv, in float
     between dequantize and quantize nodes, where the other int8 context networks' relus
     fold into the conv's output range (int8 LCNet's 1x1 convs with a hardswish were priced
     at a seventh of their time).  The other context networks' first blocks have stride 2,
     so their depthwise convs of stride 1 start at a quarter of their input's size, and
     their int8 ones of that kind stopped at 24 px in a full profile (int8 MobileNetV2's of
-    112 px were priced from strided ones, 1.6x their time).  Of 20-150 MMAC."""
+    112 px were priced from strided ones, about twice their time).  Of 20-150 MMAC."""
     budget = float(np.exp(rng.uniform(np.log(min_macs), np.log(max_macs))))
     size = _pick(rng, MOBILE_SIZES)
     int8 = bool(rng.random() < 0.5)
