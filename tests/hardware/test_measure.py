@@ -1067,7 +1067,7 @@ def test_a_full_profile_draws_every_twentieth_network_a_mobile_one_with_a_first_
     """Published mobile nets run their first block at the stem's resolution with stride 1
     (MobileNetV2's depthwise conv of 32 channels at 112x112); random networks' first blocks
     have stride 2, and int8 MobileNetV2's unfused depthwise convs (`conv_dw_w8a8_dq`) were
-    priced from strided ones at 1.6x their time.  A full profile draws every twentieth
+    priced from strided ones at about twice their time.  A full profile draws every twentieth
     network (SEEDING_MOBILE, at MOBILE_AT) a mobile one, float and int8, whose int8 ones
     hold depthwise convs of stride 1 at 56 px or more that onnxruntime runs dequantized, and
     hardswishes and swishes, which it runs apart from their convs; the other networks, and
