@@ -1000,3 +1000,23 @@ def test_a_transpose_read_in_parts_that_are_not_its_first_axis_stays_a_transpose
     moves = [layer for layer in layers if layer.op in ("data", "split")]
     assert [layer.op for layer in moves] == ["data"] * 4 and moves[0].fn in ("transpose", "strided")
     assert all(layer.out_ch * layer.out_hw[0] * layer.out_hw[1] == 3 * 2 * 8 for layer in moves[1:])  # 3 gathers
+
+
+@pytest.mark.parametrize("to, runs", [(T.FLOAT, False), (T.FLOAT16, True), (T.INT64, True)])
+def test_a_cast_to_the_type_its_input_has_costs_nothing_as_onnxruntime_removes_it(tmp_path, to, runs):
+    """EfficientViT exports float-to-float Casts around its attention; onnxruntime drops
+    them when it loads the model (checked against its optimized graph), but for one that
+    writes an output of the model; a cast to another type runs as a data movement."""
+    inits = [weight("w", 8, 3, 3, 3)]
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("Cast", ["c"], ["k"], to=to),
+             node("Cast", ["k"], ["y"], to=T.FLOAT)]  # (a cast writing a graph output is kept)
+    path = save(tmp_path / "m.onnx", nodes, {"x": [1, 3, 4, 4]}, ["y"], inits)
+    layers = import_onnx(path).layers
+    assert [(layer.op, layer.fn) for layer in layers] == [("conv", "")] + [("data", "cast")] * (2 if runs else 1)
+    assert all(layer.out_elems == 8 * 4 * 4 for layer in layers)
+    import onnxruntime as ort
+
+    cast = [n for n in onnx.load(str(tmp_path / "m.onnx")).graph.node if n.op_type == "Cast"]
+    optimized_ops(path, tmp_path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    kept = [n for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node if n.op_type == "Cast"]
+    assert len(cast) == 2 and len(kept) == (2 if runs else 1)
