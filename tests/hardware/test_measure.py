@@ -697,6 +697,29 @@ def test_the_profile_fits_the_working_set_past_which_kernels_slow_down_no_furthe
     assert device.estimate(layers).latency_ms > 1.1 * (0.01 + sum(base) * slow(layers))  # the 256 MB one
 
 
+def test_a_knee_is_kept_unless_a_slope_without_one_fits_the_networks_clearly_better():
+    # Noisy networks (8% a network) whose kernels stop slowing at 8 MB, four of sixty past
+    # it: the knee lowers the fit's loss by less than KNEE_GAIN, and is kept all the same -
+    # caches are finite - so a 256 MB model, beyond every network, is priced at the
+    # knee's slowdown, not at a slope extrapolated from four networks.
+    import dataclasses
+
+    from nasctl.hardware.measure.profile import KNEE_GAIN, fit_profile
+
+    rng = np.random.default_rng(6)
+    tokens = list(rng.choice([0, 0, 0, 256, 1024, 2048, 4096], 56)) + [16384] * 4
+    network, nets, slow = _working_set_networks(6, tokens, slope=0.05, knee=8e6)
+    noise = np.exp(rng.normal(0, 0.08, len(nets)))
+    nets = [dataclasses.replace(n, latency_ms=n.latency_ms * f, layer_ms=[t * f for t in n.layer_ms])
+            for n, f in zip(nets, noise)]
+    fitted = fit_profile("cpu-local", nets, {}, [0] * len(nets), [[1.0]])
+    loss = fitted.spec["fit"]["kernel_offsets"]["loss"]
+    assert 0 < 1 - loss["fitted"] / loss["without_a_knee"] < KNEE_GAIN
+    assert 4e6 <= fitted.spec["overhead"]["working_set"]["knee_bytes"] <= 16e6
+    layers, base = network(65536)
+    assert fitted.device().estimate(layers).latency_ms == pytest.approx(0.01 + sum(base) * slow(layers), rel=0.05)
+
+
 def test_the_table_holds_float_kernels_at_the_reference_working_set():
     # Networks of convs of shapes of their own, small ones and large ones (beside a large
     # transpose): every kernel 0.05 slower per e-fold of the working set.  A row is a
