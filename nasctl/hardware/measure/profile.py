@@ -617,8 +617,8 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
                    slope_bounds: tuple[float, float] = (-0.2, 0.2)) -> tuple[dict[str, float], Optional[dict], dict]:
     """Per kernel group (`lut.kernel_group`), a fixed cost added to each of its layers, and
     the working-set slope (`lut.WorkingSet`, about the context networks' median working
-    set, with the knee past which it stops where one fits them better), fitted so that the
-    context networks' prices add up to their end-to-end times:
+    set, with the knee past which it stops unless a slope without one fits them clearly
+    better), fitted so that the context networks' prices add up to their end-to-end times:
     (offsets, working set as `overhead.working_set` holds it or None where not fitted,
     how it was fitted).
 
@@ -696,7 +696,7 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     # is kept unless a slope without a knee lowers that loss by more than KNEE_GAIN: caches
     # are finite, and a slope that goes on growing is extrapolated to published models of
     # 40-150 MB from a tenth of the networks.  (Kept only where it lowered the loss by
-    # KNEE_GAIN, a knee that lowered it by 1% was dropped, and that profile priced the
+    # KNEE_GAIN, a knee that lowered it by 1.6% was dropped, and that profile priced the
     # published float models 5% high: `benchmarks/README.md`, "A fresh measurement of
     # `x16`".)
     grid = [float(g) for g in np.exp(np.arange(np.log(ref), np.log(np.percentile(size, 90)), 0.5))]
