@@ -696,8 +696,8 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     # is kept unless a slope without a knee lowers that loss by more than KNEE_GAIN: caches
     # are finite, and a slope that goes on growing is extrapolated to published models of
     # 40-150 MB from a tenth of the networks.  (Kept only where it lowered the loss by
-    # KNEE_GAIN, a knee that lowered it by 1.6% was dropped, and that profile priced the
-    # published float models 5% high: `benchmarks/README.md`, "A fresh measurement of
+    # KNEE_GAIN, a profile kept none - its best knee lowers the loss by 1.6% - and priced
+    # the published float models 5% high: `benchmarks/README.md`, "A fresh measurement of
     # `x16`".)
     grid = [float(g) for g in np.exp(np.arange(np.log(ref), np.log(np.percentile(size, 90)), 0.5))]
     fits = {knee: fit(knee) for knee in [None, *grid]}
