@@ -669,7 +669,7 @@ def _cast(node: Node, g: Graph) -> list[LayerSpec]:
     they were priced)."""
     if g.types.get(node.inputs[0]) == node.attrs.get("to") and node.outputs[0] not in g.outputs:
         return []
-    return _unary("data", "cast")(node, g)
+    return [g.layer("data", node, g.activation(node), node.outputs[0], fn="cast")]
 
 
 def _nothing(node: Node, g: Graph) -> list[LayerSpec]:

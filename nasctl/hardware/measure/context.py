@@ -724,8 +724,9 @@ def mobile_network(rng: np.random.Generator, max_macs: float = 1.5e8, min_macs: 
     Half of them int8, quantized as users quantize models for onnxruntime: it runs some of
     their depthwise convs as QLinearConv and others, unfused, in its plain float conv
     between dequantize and quantize nodes (`conv_dw_w8a8_dq`), at 5-10x the time of a
-    blocked float one (int8 MobileNetV2's).  Their activations are published mobile nets' in int8 too: a hardswish or
-    a swish (LCNet, MobileNetV3, EfficientNet) runs apart from an int8 conv, in float
+    blocked float one (int8 MobileNetV2's).  Their activations are published mobile nets'
+    in int8 too: a hardswish or a swish (LCNet, MobileNetV3, EfficientNet) runs apart from
+    an int8 conv, in float
     between dequantize and quantize nodes, where the other int8 context networks' relus
     fold into the conv's output range (int8 LCNet's 1x1 convs with a hardswish were priced
     at a seventh of their time).  The other context networks' first blocks have stride 2,
