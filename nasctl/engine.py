@@ -98,6 +98,7 @@ class Evaluator:
         self.net_space = space if cfg.co_search else self.space  # the knobs accuracy depends on
         self._outcomes: dict[str, tuple[float, list[float]]] = {}
         self._exit_accuracies: dict[str, list[float]] = {}  # trained networks: each active exit's own accuracy
+        self._networks: dict[str, str] = {}  # canonical form -> the first key scored with it
         self._costs: dict[str, dict] = {}  # key -> what pricing it gives whatever its exit rates (see `costs`)
         self.latency_table = ArchTable(cfg.device, self.space, low=0.0) if is_table(cfg.device) else None
         models_energy = self.device is not None and self.device.models_energy
@@ -304,8 +305,23 @@ class Evaluator:
         net = CoSearchSpace.split(arch)[0] if self.cfg.co_search else arch
         key = arch_key(net)
         if key not in self._outcomes:
-            self._outcomes[key] = self._score(net, key)
+            # the same network as one scored already (knobs apart that have no effect on
+            # it) is not scored again, unless its own trained network is to be kept
+            same = self._networks.get(arch_key(self.net_space.canonical(net)))
+            if same is not None and not self._keeps(key):
+                self._outcomes[key] = self._outcomes[same]
+                if same in self._exit_accuracies:
+                    self._exit_accuracies[key] = self._exit_accuracies[same]
+            else:
+                self._outcomes[key] = self._score(net, key)
+                self._networks.setdefault(arch_key(self.net_space.canonical(net)), key)
         return self._outcomes[key]
+
+    def _keeps(self, key: str) -> bool:
+        """Whether scoring the network of `key` keeps it in the run's models/ folder."""
+        if self.keep_in is None or self.acc_table is not None or self.acc_model is not None:
+            return False
+        return self.supernet is None or self.cfg.keep_weights == "all"
 
     def _score(self, net: dict, key: str) -> tuple[float, list[float]]:
         if self.acc_table is not None:

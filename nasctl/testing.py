@@ -49,7 +49,10 @@ def check_space(space: SearchSpace, input_shape: tuple[int, int, int], classes: 
     - `active_exits` lies within `exit_names()` in its order, the final classifier last;
     - with `build`, the torch module's Conv/Linear layers match the conv/linear LayerSpecs
       (count, in/out channels, kernel, stride, groups) and one forward pass gives one
-      (batch x classes) output per active exit.
+      (batch x classes) output per active exit;
+    - `idle_knobs` are knobs of the space, and changing them changes nothing: the same
+      `canonical` form (a valid architecture that keeps every other knob), the same layers
+      and active exits and, with `build`, the same weights from the same torch seed.
     """
     name = getattr(space, "name", type(space).__name__)
     variables = list(space.variables())
@@ -106,6 +109,7 @@ def check_space(space: SearchSpace, input_shape: tuple[int, int, int], classes: 
         _check_layers(name, key, layers, len(active))
         if build:
             _check_build(space, name, key, arch, layers, active, input_shape, classes)
+        _check_idle(space, name, key, arch, variables, layers, active, input_shape, classes, build)
 
 
 def _draws(space: SearchSpace, seed: int, n: int) -> list[tuple[dict, dict]]:
@@ -180,6 +184,35 @@ def _check_build(space, name, key, arch, layers, active, input_shape, classes) -
     for exit_name, out in zip(active, outputs):
         assert tuple(out.shape) == (2, classes), \
             f"space '{name}': exit '{exit_name}' of {key} outputs shape {tuple(out.shape)}, expected (2, {classes})"
+
+
+def _check_idle(space, name, key, arch, variables, layers, active, input_shape, classes, build) -> None:
+    idle = list(space.idle_knobs(arch))
+    knobs = [v.name for v in variables]
+    assert set(idle) <= set(knobs), f"space '{name}': idle_knobs {idle} of {key} are not all knobs of the space"
+    canon = space.canonical(arch)
+    assert space.validate(canon) == canon and space.canonical(canon) == canon, \
+        f"space '{name}': canonical of {key} is not a valid architecture that is its own canonical form"
+    assert all(canon[k] == arch[k] for k in knobs if k not in idle), \
+        f"space '{name}': canonical of {key} changed a knob that is not idle: {arch_key(canon)}"
+    other = {**arch, **{v.name: v.choices[-1] for v in variables if v.name in idle}}
+    if other == dict(arch):
+        return
+    what = f"space '{name}': {arch_key(other)} differs from {key} only in idle knobs {idle}, yet"
+    assert space.canonical(other) == canon, f"{what} its canonical form differs"
+    assert list(space.active_exits(other)) == active, f"{what} its active exits differ"
+    assert space.to_layers(other, input_shape, classes) == layers, f"{what} its layers differ"
+    if build:
+        import torch
+
+        weights = []
+        for a in (arch, other):
+            torch.manual_seed(0)
+            weights.append(space.build(a, input_shape, classes).state_dict())
+        same = weights[0].keys() == weights[1].keys() and all(
+            weights[0][k].shape == weights[1][k].shape and torch.equal(weights[0][k], weights[1][k])
+            for k in weights[0])
+        assert same, f"{what} its built network's weights differ"
 
 
 # -- devices ------------------------------------------------------------------------------

@@ -58,6 +58,17 @@ def test_a_space_whose_layers_miss_a_conv_is_refused():
         check_space(broken, SHAPE, CLASSES, samples=1)
 
 
+def test_a_space_that_calls_a_knob_idle_that_changes_its_network_is_refused():
+    space = load_space("ee-mbv2")
+
+    class Careless(type(space)):  # an exit's width called idle even where the exit is on
+        def idle_knobs(self, arch):
+            return [v.name for v in self.variables() if v.name.endswith("_width")]
+
+    with pytest.raises(AssertionError, match="only in idle knobs .* yet its layers differ"):
+        check_space(Careless(space.spec), SHAPE, CLASSES, samples=3, build=False)
+
+
 def test_a_space_whose_samples_are_not_seeded_is_refused():
     space = load_space("nb201")
 

@@ -246,3 +246,32 @@ def test_resume_of_a_run_whose_study_db_is_damaged_says_how_to_go_on(tmp_path):
     assert "study.db is damaged" in result.stderr and "move it aside and --resume rebuilds" in result.stderr
     db.rename(run / "study.db.bad")  # as the message says: the finished trial is kept, one more is added
     assert search("--resume", str(run), "--budget", "2").exit_code == 0 and len(rows(run)) == 2
+
+
+def test_a_network_scored_already_is_not_trained_again_for_knobs_without_effect(tmp_path, monkeypatch):
+    from nasctl.config import make_config
+    from nasctl.engine import Evaluator
+    from nasctl.evaluation import train
+
+    trained = []
+    real = train.evaluate
+    monkeypatch.setattr(train, "evaluate", lambda space, arch, *a, **k: trained.append(arch) or real(space, arch, *a, **k))
+    evaluator = Evaluator(make_config(space=SMALL_SPACE, epochs=1, train_device="cpu", keep_weights="none"))
+    off = {"s1_depth": 1, "s1_channels": 8, "s1_expand": 1, "s1_kernel": 3, "s2_depth": 1, "s2_channels": 16,
+           "s2_expand": 3, "s2_kernel": 3, "exit_s1": 0, "exit_s1_width": 8, "exit_tolerance": 0.5,
+           "backbone_bits": 32, "exit_bits": 32}
+    # the exit is off: its width, bit width and tolerance change nothing
+    same = {**off, "exit_s1_width": 16, "exit_tolerance": 2.0, "exit_bits": 4}
+    first, second = evaluator(off), evaluator(same)
+    assert len(trained) == 1
+    assert second["arch"] != first["arch"] and second["train_s"] < first["train_s"]
+    for column in ("accuracy", "exit_rate_final", "exit_acc_final", "latency_ms", "energy_mj", "macs"):
+        assert second[column] == first[column], column
+    # with the exit on, its width and bits matter: a network of its own
+    on = evaluator({**off, "exit_s1": 1})
+    assert len(trained) == 2 and on["macs"] > first["macs"]
+    # a run that keeps every trained network trains each candidate it keeps
+    keeping = Evaluator(make_config(space=SMALL_SPACE, epochs=1, train_device="cpu", keep_weights="all"))
+    keeping.keep_in = tmp_path
+    keeping(off), keeping(same)
+    assert len(trained) == 4 and len(list((tmp_path / "models").iterdir())) == 2

@@ -109,6 +109,19 @@ class SearchSpace(ABC):
             out[v.name] = arch[v.name]
         return out
 
+    def idle_knobs(self, arch: Arch) -> list[str]:
+        """The knobs whose value has no effect on `arch`'s network (e.g. the width of an
+        exit that is off): none unless a space says so."""
+        return []
+
+    def canonical(self, arch: Arch) -> dict:
+        """`arch` with each of its idle knobs at that knob's first choice: architectures with
+        the same canonical form build the same network (the same layers, and the same
+        weights from the same seed), so they train, measure and price alike."""
+        arch = self.validate(arch)
+        return {**arch, **{k: next(v.choices[0] for v in self.variables() if v.name == k)
+                           for k in self.idle_knobs(arch)}}
+
     def parse_arch(self, text: str) -> dict:
         """An architecture from its text form: JSON knob values, as in trials.csv's `arch` column."""
         try:

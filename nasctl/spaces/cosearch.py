@@ -59,6 +59,9 @@ class CoSearchSpace(SearchSpace):
     def active_exits(self, arch: Arch) -> list[str]:
         return self.inner.active_exits(self.split(arch)[0])
 
+    def idle_knobs(self, arch: Arch) -> list[str]:
+        return self.inner.idle_knobs(self.split(arch)[0])
+
     def path_costs(self, device, archs, input_shape, classes):
         """Each architecture priced on the accelerator its `hw_` knobs derive from `device`."""
         if isinstance(archs, np.ndarray):

@@ -29,7 +29,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from ..errors import ConfigError
 from ..hardware.layers import SUM, LayerSpec
 from .base import Arch, SearchSpace, Variable, machine_memory
-from .spec_parts import BitKnobs, Choice, ExitKnobs
+from .spec_parts import BitKnobs, Choice, ExitKnobs, idle_exit_knobs
 from .spec_parts import Strict as _Strict
 from .spec_parts import choices as _choices
 from .spec_parts import positive as _positive
@@ -242,6 +242,9 @@ class Mbv2Space(SearchSpace):
 
     def active_exits(self, arch: Arch) -> list[str]:
         return [f"s{i}" for i in self.spec.exits.after_stages if arch[f"exit_s{i}"]] + ["final"]
+
+    def idle_knobs(self, arch: Arch) -> list[str]:
+        return idle_exit_knobs(arch, [f"exit_s{i}" for i in self.spec.exits.after_stages])
 
     def plan(self, arch: Arch) -> list[dict]:
         """The network as an ordered list of blocks, shared by `to_layers` and `build`.

@@ -58,6 +58,9 @@ class PinnedSpace(SearchSpace):
     def active_exits(self, arch: Arch) -> list[str]:
         return self.inner.active_exits(arch)
 
+    def idle_knobs(self, arch: Arch) -> list[str]:
+        return self.inner.idle_knobs(arch)  # set to this space's first choice: a pinned knob's pin
+
     def path_costs(self, device, archs, input_shape, classes):
         if isinstance(archs, np.ndarray):  # knob indices of this space, not of the inner one
             archs = [self.from_indices(row) for row in archs]

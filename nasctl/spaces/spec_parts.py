@@ -66,6 +66,16 @@ class ExitKnobs(Strict):
         return [float(t) for t in values]
 
 
+def idle_exit_knobs(arch, exits) -> list[str]:
+    """The knobs of an `ExitKnobs` space without effect on `arch`, given the on/off knob of
+    each exit it may have (`exits`): the width of each exit that is off and, with every
+    exit off, the exits' bit width and their accuracy tolerance."""
+    idle = [f"{e}_width" for e in exits if not arch[e]]
+    if not any(arch[e] for e in exits):
+        idle += [k for k in ("exit_bits", "exit_tolerance") if k in arch]
+    return idle
+
+
 class BitKnobs(Strict):
     """A quantization section's knobs: the backbone's and the exit heads' bit widths."""
 

@@ -27,7 +27,7 @@ from pydantic import Field, field_validator, model_validator
 from ..errors import ConfigError
 from ..hardware.layers import STRIDED, LayerSpec, chw, reduction_is_strided, transpose_is_strided
 from .base import Arch, SearchSpace, Variable, machine_memory
-from .spec_parts import BitKnobs, Choice, ExitKnobs, check_bits
+from .spec_parts import BitKnobs, Choice, ExitKnobs, check_bits, idle_exit_knobs
 from .spec_parts import Strict as _Strict
 from .spec_parts import choices as _choices
 from .spec_parts import positive as _positive
@@ -184,6 +184,9 @@ class VitSpace(SearchSpace):
                               "the batch size")
 
     # -- the network ---------------------------------------------------------------------
+    def idle_knobs(self, arch: Arch) -> list[str]:
+        return idle_exit_knobs(arch, [f"exit_g{i}" for i in self.spec.exits.after_groups])
+
     def plan(self, arch: Arch) -> list[dict]:
         """The network as an ordered list of blocks, shared by `to_layers` and `build`.
 
