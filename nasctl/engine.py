@@ -307,21 +307,21 @@ class Evaluator:
         if key not in self._outcomes:
             # the same network as one scored already (knobs apart that have no effect on
             # it) is not scored again, unless its own trained network is to be kept
-            same = self._networks.get(arch_key(self.net_space.canonical(net)))
-            if same is not None and not self._keeps(key):
+            network = arch_key(self.net_space.canonical(net))
+            same = self._networks.get(network)
+            if same is not None and not self._keeps():
                 self._outcomes[key] = self._outcomes[same]
                 if same in self._exit_accuracies:
                     self._exit_accuracies[key] = self._exit_accuracies[same]
             else:
                 self._outcomes[key] = self._score(net, key)
-                self._networks.setdefault(arch_key(self.net_space.canonical(net)), key)
+                self._networks.setdefault(network, key)
         return self._outcomes[key]
 
-    def _keeps(self, key: str) -> bool:
-        """Whether scoring the network of `key` keeps it in the run's models/ folder."""
-        if self.keep_in is None or self.acc_table is not None or self.acc_model is not None:
-            return False
-        return self.supernet is None or self.cfg.keep_weights == "all"
+    def _keeps(self) -> bool:
+        """Whether scoring a network keeps it in the run's models/ folder as it is scored
+        (a supernet's front is kept once the search ends, `keep_front`)."""
+        return self.keep_in is not None and (self.supernet is None or self.cfg.keep_weights == "all")
 
     def _score(self, net: dict, key: str) -> tuple[float, list[float]]:
         if self.acc_table is not None:
