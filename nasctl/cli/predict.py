@@ -37,13 +37,17 @@ def predict(
 ):
     """Price an ONNX model on a device: latency, energy, MACs, parameters, weight bytes;
     for a model with early exits, the cost of each exit path and the expected cost."""
+    from ..hardware.early import runtime_read
+
+    # onnxruntime's reading of a quantized model runs beside the device's loading and the imports
+    runtime = runtime_read(model)
     from ..hardware.loader import load_device
     from ..hardware.onnx_import import import_onnx
 
     shapes = parse_input_shapes(input_shape or [])
     given_rates = parse_exit_rates(exit_rates) if exit_rates is not None else None
     cost_model = load_device(device)
-    imported = import_onnx(model, shapes)
+    imported = import_onnx(model, shapes, runtime=runtime)
     exits = list(imported.exits)
     if given_rates is not None:
         rates = check_exit_rates(given_rates, exits, "--exit-rates")

@@ -883,7 +883,7 @@ def _flat(graph: onnx.GraphProto, depth: int = 0):
     """(node, depth) of each node of `graph`, the branches of each early-exit If in its
     place (before it): its then-branch at `depth`, its else-branch one deeper."""
     for node in graph.node:
-        if _exit_if(node):
+        if node.op_type == "If" and _exit_if(node):  # (the op type first: most nodes are not)
             b = _branches(node)
             yield from _flat(b["then_branch"], depth)
             yield from _flat(b["else_branch"], depth + 1)
@@ -904,6 +904,8 @@ def _exits(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 def _graphs(model: onnx.ModelProto) -> list[onnx.GraphProto]:
     """The main graph and the branches of its early-exit If nodes."""
     out = [model.graph]
+    if not any(node.op_type == "If" for node in model.graph.node):  # no exits: one graph
+        return out
     for node, _ in _flat(model.graph):
         if _exit_if(node):
             b = _branches(node)
@@ -1540,12 +1542,13 @@ def _constants(model: onnx.ModelProto, nodes: list[Node], runs: Optional[frozens
 
 def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]] = None,
                 handlers: Optional[Mapping[str, Handler]] = None,
-                patterns: Optional[Sequence[Pattern]] = None) -> ImportResult:
+                patterns: Optional[Sequence[Pattern]] = None, runtime=None) -> ImportResult:
     """The layers of the ONNX model at `path`.
 
     `input_shapes` maps input names to shapes (the key None: the model's only input);
     every input with a dynamic dimension needs one.  `handlers` and `patterns` replace
-    `HANDLERS` and `PATTERNS`.
+    `HANDLERS` and `PATTERNS`.  `runtime`: the future of `_in_runtime(path)` started
+    earlier (`early.runtime_read`), else it is started here where the model is quantized.
     """
     path = Path(path)
     model = load_model(path)
@@ -1554,13 +1557,12 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
         _unique_branch_names(model)
     # Which QDQ groups onnxruntime fuses is read from the graph it optimizes the model into;
     # its session is built on another thread (it releases the GIL) while shapes are inferred.
-    runtime = None
-    if any(n.op_type == "DequantizeLinear" for n, _ in _flat(model.graph)):
-        from concurrent.futures import ThreadPoolExecutor
+    if not any(n.op_type == "DequantizeLinear" for n, _ in _flat(model.graph)):
+        runtime = None
+    elif runtime is None:
+        from .early import start
 
-        pool = ThreadPoolExecutor(max_workers=1)
-        runtime = pool.submit(_in_runtime, path)
-        pool.shutdown(wait=False)
+        runtime = start(path)
     fixed = _fix_inputs(model, input_shapes or {}, path)
     count = sum(1 for _ in _flat(model.graph))
     notes: list[str] = []

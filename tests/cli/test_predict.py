@@ -238,3 +238,65 @@ def test_predict_starts_without_the_other_commands_and_behaves_as_in_the_whole_t
 
 def whole_code(model):
     return invoke(model, "--device", "no-such-device").exit_code
+
+
+def qdq_net(path):
+    """An int8 QDQ conv -> relu -> global average pool -> linear, as onnxruntime's static
+    quantizer writes them."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.integers(-5, 5, s).astype(np.int8), n)
+             for n, s in [("wq", (8, 3, 3, 3)), ("mq", (8, 10))]]
+    inits += [numpy_helper.from_array(np.array(0.05, np.float32), "s"), numpy_helper.from_array(np.array(0, np.int8), "zp")]
+    q = lambda op, i, o: helper.make_node(op, [i, "s", "zp"], [o], name=o)  # noqa: E731
+    nodes = [q("QuantizeLinear", "x", "xq"), q("DequantizeLinear", "xq", "xd"), q("DequantizeLinear", "wq", "wd"),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             q("QuantizeLinear", "r", "rq"), q("DequantizeLinear", "rq", "rd"),
+             helper.make_node("GlobalAveragePool", ["rd"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+             q("QuantizeLinear", "f", "fq"), q("DequantizeLinear", "fq", "fd"), q("DequantizeLinear", "mq", "md"),
+             helper.make_node("MatMul", ["fd", "md"], ["y"], name="fc")]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_empty_tensor_value_info("y")], inits)
+    onnx.save(onnx_model(graph, 17), path)
+    return str(path)
+
+
+def test_a_quantized_models_runtime_reading_starts_before_the_device_loads_and_runs_once(tmp_path, monkeypatch):
+    """onnxruntime's optimized graph of a quantized model (which QDQ groups it fuses) is read
+    on a thread started before the device loads, beside it, and only once; a float model
+    starts none (and imports no onnxruntime: `test_predict_does_not_import_torch`)."""
+    from nasctl.hardware import early, onnx_import
+
+    events = []
+    real_read, real_runtime = early.runtime_read, onnx_import._in_runtime
+    monkeypatch.setattr(early, "runtime_read", lambda path: events.append("read started") or real_read(path))
+    monkeypatch.setattr(onnx_import, "_in_runtime", lambda path: events.append("onnxruntime") or real_runtime(path))
+    monkeypatch.setattr(loader, "load_device", lambda name: events.append("device") or PerMac())
+    model = qdq_net(tmp_path / "int8.onnx")
+    result = invoke(model, "--device", "per-mac", "--json")
+    assert result.exit_code == 0, result.output
+    assert events.index("read started") < events.index("device") and events.count("onnxruntime") == 1
+    # the same layers as an import that starts its own reading
+    doc = json.loads(result.stdout)
+    alone = onnx_import.import_onnx(model)
+    assert [(r["op"], r["bits"]["w"], r["bits"]["a"], r["dequantized"]) for r in doc["layers"]] == [
+        (l.op, l.w_bits, l.a_bits, l.dequantized) for l in alone.layers]
+    assert [l.op for l in alone.layers] == ["conv", "pool", "linear"] and alone.layers[0].w_bits == 8
+
+    events.clear()
+    assert invoke(tiny_net(tmp_path / "float.onnx"), "--device", "per-mac").exit_code == 0
+    assert events == ["read started", "device"]
+
+
+def test_a_model_is_read_as_quantized_by_its_dequantize_nodes_alone(tmp_path):
+    from nasctl.hardware.early import quantized, runtime_read
+
+    assert quantized(qdq_net(tmp_path / "int8.onnx")) and not quantized(tiny_net(tmp_path / "float.onnx"))
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    assert not quantized(tmp_path / "empty.onnx") and not quantized(tmp_path / "missing.onnx")
+    assert not quantized(tmp_path)  # a folder
+    assert runtime_read(tmp_path / "missing.onnx") is None
+    # the model's own errors are still the importer's one line
+    result = invoke(str(tmp_path / "missing.onnx"), "--device", "edge-quad")
+    assert result.exit_code == 2 and "no such file" in result.stderr
