@@ -37,10 +37,10 @@ def predict(
 ):
     """Price an ONNX model on a device: latency, energy, MACs, parameters, weight bytes;
     for a model with early exits, the cost of each exit path and the expected cost."""
-    from ..hardware.early import runtime_read
+    from ..hardware.early import in_thread, quantized
 
     # onnxruntime's reading of a quantized model runs beside the device's loading and the imports
-    runtime = runtime_read(model)
+    runtime = in_thread(_read_in_runtime, Path(model)) if quantized(Path(model)) else None
     from ..hardware.loader import load_device
     from ..hardware.onnx_import import import_onnx
 
@@ -196,6 +196,13 @@ def _exit_figures(report, exits: list[str], rates: Optional[dict[str, float]], m
         doc["expected"] = {"latency_ms": latency, "energy_mj": energy,
                            "edp": None if energy is None else latency * energy, "exit_rates": dict(rates)}
     return doc
+
+
+def _read_in_runtime(path: Path):
+    """`onnx_import._in_runtime(path)`, onnx and onnxruntime imported on the calling thread."""
+    from ..hardware.onnx_import import _in_runtime
+
+    return _in_runtime(path)
 
 
 def _layer_row(layer, cost) -> dict:

@@ -2,16 +2,17 @@
 
 `nasctl predict` on a quantized model waits on onnxruntime: which QDQ groups it fuses is
 read from the graph its CPU provider optimizes the model into (`onnx_import._in_runtime`),
-a session build that releases the GIL.  `runtime_read(path)` starts that on a thread at
-once, before the device loads and before onnx and numpy import, where `import_onnx` would
-start it only once the model is parsed.  This module imports nothing heavy itself.
+a session build that releases the GIL.  `nasctl predict` starts that on a thread
+(`in_thread`) as soon as it starts, for a model `quantized` says holds QDQ nodes: before the
+device loads and before onnx and numpy import, where `import_onnx` would start it only once
+the model is parsed.  This module imports nothing heavy itself.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Optional
+from typing import Callable
 
 _MARK = b"DequantizeLinear"  # an op type is stored as plain bytes in the model's file
 
@@ -31,23 +32,11 @@ def quantized(path: Path) -> bool:
         return False
 
 
-def runtime_read(path: Path) -> Optional[Future]:
-    """`start(path)` for a model with DequantizeLinear nodes; None for one without (nothing
-    to read)."""
-    return start(Path(path)) if quantized(Path(path)) else None
-
-
-def start(path: Path) -> Future:
-    """`onnx_import._in_runtime(path)` running on a thread of its own, for `import_onnx(...,
-    runtime=)`."""
+def in_thread(fn: Callable, *args) -> Future:
+    """`fn(*args)` running on a thread of its own; its result or error from the future."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def read():
-        from .onnx_import import _in_runtime
-
-        return _in_runtime(path)
-
     pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(read)
+    future = pool.submit(fn, *args)
     pool.shutdown(wait=False)
     return future

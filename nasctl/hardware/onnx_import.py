@@ -1548,7 +1548,7 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     `input_shapes` maps input names to shapes (the key None: the model's only input);
     every input with a dynamic dimension needs one.  `handlers` and `patterns` replace
     `HANDLERS` and `PATTERNS`.  `runtime`: the future of `_in_runtime(path)` started
-    earlier (`early.runtime_read`), else it is started here where the model is quantized.
+    earlier (as `nasctl predict` does), else it is started here where the model is quantized.
     """
     path = Path(path)
     model = load_model(path)
@@ -1560,9 +1560,9 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     if not any(n.op_type == "DequantizeLinear" for n, _ in _flat(model.graph)):
         runtime = None
     elif runtime is None:
-        from .early import start
+        from .early import in_thread
 
-        runtime = start(path)
+        runtime = in_thread(_in_runtime, path)
     fixed = _fix_inputs(model, input_shapes or {}, path)
     count = sum(1 for _ in _flat(model.graph))
     notes: list[str] = []
