@@ -497,12 +497,13 @@ FEATURES += tuple(f"fn_{f}" for f in FN_LATER)
 BLOCK = 16  # channel block of vectorised CPU kernels (AVX-512 floats)
 
 
-def _align(channels: int) -> float:
+def _align(channels):
     """How well a channel count fits vector blocks: log2 of the largest power of two up to
-    BLOCK dividing it.  Runtimes take a blocked-layout kernel only for whole blocks (a
-    depthwise conv's channels, a dense conv's input channels) and fall back to slower
-    ones, slower still for odd counts."""
-    return float(np.log2(min(channels & -channels, BLOCK)))
+    BLOCK dividing it (element-wise over an integer array).  Runtimes take a blocked-layout
+    kernel only for whole blocks (a depthwise conv's channels, a dense conv's input
+    channels) and fall back to slower ones, slower still for odd counts."""
+    c = np.asarray(channels, dtype=np.int64)
+    return np.log2(np.minimum(c & -c, BLOCK).astype(float))
 
 
 def _padded_macs(layer: LayerSpec) -> int:
@@ -515,16 +516,19 @@ def _padded_macs(layer: LayerSpec) -> int:
 
 
 def features(layers: Sequence[LayerSpec]) -> np.ndarray:
-    """Log-scale size features, channel alignment and the sub-kind, one row per layer."""
-    log = np.log1p
-    return np.array([[log(l.macs), log(_padded_macs(l)), log(l.in_elems), log(l.out_elems), log(l.params),
-                      log(l.in_ch), log(l.out_ch), log(l.in_hw[0] * l.in_hw[1]), log(l.out_hw[0] * l.out_hw[1]),
-                      log(l.kernel[0] * l.kernel[1]), l.stride, log(l.groups), log(l.w_bits), log(l.a_bits),
-                      _align(l.out_ch), _align(l.in_ch // l.groups), l.in_hw[1] == 1 and l.in_hw[0] > 1,
-                      *(l.fn == f for f in FN_VOCAB), log(_copies(l)), *(l.fn == f for f in FN_LATER)]
-                     for l in layers],
-                    dtype=float).reshape(len(layers), len(FEATURES))
-
+    """Log-scale size features, channel alignment and the sub-kind, one row per layer
+    (each column computed over all layers at once: a device prices and fits thousands)."""
+    n = len(layers)
+    raw = np.array([(l.macs, _padded_macs(l), l.in_elems, l.out_elems, l.params, l.in_ch, l.out_ch,
+                     l.in_hw[0] * l.in_hw[1], l.out_hw[0] * l.out_hw[1], l.kernel[0] * l.kernel[1], l.stride,
+                     l.groups, l.w_bits, l.a_bits, _copies(l)) for l in layers], dtype=float).reshape(n, 15)
+    channels = np.array([(l.out_ch, l.in_ch // l.groups) for l in layers], dtype=np.int64).reshape(n, 2)
+    tokens = np.array([l.in_hw[1] == 1 and l.in_hw[0] > 1 for l in layers], dtype=float)
+    fns = [l.fn for l in layers]
+    onehot = lambda vocab: np.array([[fn == f for f in vocab] for fn in fns], dtype=float).reshape(n, len(vocab))  # noqa: E731
+    logged = np.log1p(raw)
+    return np.column_stack([logged[:, :10], raw[:, 10], logged[:, 11:14], _align(channels), tokens,
+                            onehot(FN_VOCAB), logged[:, 14], onehot(FN_LATER)])
 
 def _copies(layer: LayerSpec) -> int:
     """The separate copies a transpose (`data`) makes: its elements over the contiguous

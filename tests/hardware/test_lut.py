@@ -138,6 +138,20 @@ def test_features_grade_channel_alignment_to_vector_blocks():
     assert list(levels) == [1, 2, 3, 4, 4]  # 2, 4, 8 and whole blocks of 16
 
 
+
+def test_features_of_a_batch_are_each_layers_own(rows):
+    """A layer's features do not depend on the layers priced beside it (they are computed
+    column by column over the batch): the profile's kernels and layers of every sub-kind,
+    in one batch and one at a time, give the same matrix; no layers give no rows."""
+    from nasctl.hardware.lut import FEATURES
+
+    layers = [layer_from_row(r) for r in rows] + [conv(3, 16, 32, stride=2), conv(24, 24, 8, groups=24, bits=8),
+                                                  conv(32, 32, 16, fn="gelu")]
+    batch = features(layers)
+    assert batch.shape == (len(layers), len(FEATURES))
+    assert np.array_equal(batch, np.vstack([features([layer]) for layer in layers]))
+    assert features([]).shape == (0, len(FEATURES))
+
 def test_kernels_that_run_dequantized_are_priced_apart_or_as_fused(rows, tmp_path):
     from dataclasses import replace
 
