@@ -909,6 +909,7 @@ class LutDevice(CostModel):
                                            if k in self._rows}
         self._rate: dict[str, float] = {}  # kernel type -> `_largest_rate`
         self._largest_fn: dict[tuple[str, str], float] = {}  # (kernel type, sub-kind) -> its largest work
+        self._row_layers: dict[str, tuple[list[LayerSpec], np.ndarray]] = {}  # `_layers_of`
 
     def _merge(self, rows: Sequence[dict]) -> tuple[dict, dict]:
         """(shape key -> costs, kernel type -> rows) of the distinct kernels: repeated
@@ -995,7 +996,7 @@ class LutDevice(CostModel):
             if restored and kind != "nearest":
                 self._models[ktype] = [_MAKERS[kind]().restore(state) for state in saved["states"]]
             else:  # fitted to the rows (a nearest-neighbour regressor is its rows, its saved fixed work and width)
-                layers = [layer_from_row(r) for r in group]
+                layers = self._layers_of(ktype)[0]
                 states = saved["states"] if restored else [None] * len(self.targets)
                 self._models[ktype] = [fit_regressor(kind, layers, np.array([r[t] for r in group]), st)
                                        for t, st in zip(self.targets, states)]
@@ -1085,12 +1086,13 @@ class LutDevice(CostModel):
             return False
         rows = self._rows[ktype]
         return len(rows) >= MIN_ROWS["nearest"] or \
-            work * self.COVER >= float(_work([layer_from_row(r) for r in rows]).min())
+            work * self.COVER >= float(self._layers_of(ktype)[1].min())
 
     def _largest_of(self, ktype: str, fn: str) -> float:
         if (ktype, fn) not in self._largest_fn:
-            mine = [layer_from_row(r) for r in self._rows[ktype] if r["fn"] == fn]
-            self._largest_fn[ktype, fn] = float(_work(mine).max()) if mine else 0.0
+            layers, work = self._layers_of(ktype)
+            mine = [w for layer, w in zip(layers, work) if layer.fn == fn]
+            self._largest_fn[ktype, fn] = float(max(mine)) if mine else 0.0
         return self._largest_fn[ktype, fn]
 
     def _bound_factor(self, ktype: str, layers: Sequence[LayerSpec], ms: np.ndarray) -> np.ndarray:
@@ -1109,16 +1111,22 @@ class LutDevice(CostModel):
     def _largest_rate(self, ktype: str) -> float:
         """The median time per unit of work of the type's three largest kernels."""
         if ktype not in self._rate:
-            rows = self._rows[ktype]
-            work = _work([layer_from_row(r) for r in rows])
+            rows, work = self._rows[ktype], self._layers_of(ktype)[1]
             top = np.argsort(work)[-3:]
             self._rate[ktype] = float(np.median([rows[i]["latency_ms"] / work[i] for i in top]))
         return self._rate[ktype]
 
     def _largest_work(self, ktype: str) -> float:
         if ktype not in self._largest:
-            self._largest[ktype] = float(_work([layer_from_row(r) for r in self._rows[ktype]]).max())
+            self._largest[ktype] = float(self._layers_of(ktype)[1].max())
         return self._largest[ktype]
+
+    def _layers_of(self, ktype: str) -> tuple[list[LayerSpec], np.ndarray]:
+        """The type's kernels as layers and the work of each (`_work`), built once."""
+        if ktype not in self._row_layers:
+            layers = [layer_from_row(r) for r in self._rows[ktype]]
+            self._row_layers[ktype] = layers, _work(layers)
+        return self._row_layers[ktype]
 
     def _cost(self, values: tuple[float, ...], how: str, layer: LayerSpec) -> LayerCost:
         overhead = self.spec.overhead
