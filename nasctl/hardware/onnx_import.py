@@ -129,9 +129,11 @@ class Graph:
     """The model as handlers see it: shapes, bit widths, producers and consumers, and the
     layers emitted so far (which later handlers may fuse into)."""
 
-    def __init__(self, model: onnx.ModelProto, nodes: list[Node], const: set[str]):
+    def __init__(self, model: onnx.ModelProto, nodes: list[Node], const: set[str],
+                 shapes: Optional[dict[str, Optional[Shape]]] = None):
+        """`shapes`: the model's `_static_shapes`, where already read."""
         self.const = const
-        self.shapes = _static_shapes(model)
+        self.shapes = _static_shapes(model) if shapes is None else shapes
         graphs = _graphs(model)
         self.types: dict[str, int] = {vi.name: vi.type.tensor_type.elem_type
                                       for sg in graphs for vi in (*sg.input, *sg.value_info, *sg.output)}
@@ -1213,12 +1215,12 @@ def _merged(declared: Sequence[str], given: Sequence[int]) -> str:
                     for i, (d, v) in enumerate(zip(declared, given)))
 
 
-def _infer(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
+def _infer(model: onnx.ModelProto, notes: list[str]) -> tuple[onnx.ModelProto, dict[str, Optional[Shape]]]:
     """Shape inference (strict, with data propagation); where it leaves a node's outputs
     unknown because an input is computed from shapes in a way data propagation cannot
     follow (e.g. Shape -> Gather -> Div -> Slice, as torch exports `chunk`), that input is
-    folded to a constant and inference runs again."""
-    strict = True
+    folded to a constant and inference runs again.  The model and its `_static_shapes`."""
+    strict, values = True, {}
     while True:
         try:
             model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=strict, data_prop=True)
@@ -1227,13 +1229,13 @@ def _infer(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
             strict = False
             continue
         known = _static_shapes(model)
-        values = _fold(model, known)
+        values = _fold(model, known, values)
         stuck = [n for n in model.graph.node if not all(known.get(o) is not None for o in n.output if o)]
         wanted = {i for n in stuck for i in n.input if i in values}
         replaced = [n for n in model.graph.node if n.output and all(o in values for o in n.output)
                     and wanted & set(n.output)]
         if not replaced:
-            return model
+            return model, known
         gone = {id(n) for n in replaced}
         _keep_only(model.graph.node, [n for n in model.graph.node if id(n) not in gone])
         model.graph.initializer.extend(numpy_helper.from_array(values[o], o) for n in replaced for o in n.output)
@@ -1252,22 +1254,23 @@ def _keep_only(field, kept: list) -> None:
     field.extend(copies)
 
 
-def _run_for_shapes(model: onnx.ModelProto, notes: list[str]) -> None:
+def _run_for_shapes(model: onnx.ModelProto, notes: list[str],
+                    known: dict[str, Optional[Shape]]) -> dict[str, Optional[Shape]]:
     """Where shape inference left tensors without a static shape (shapes computed in ways
     it cannot follow), run the model once with onnxruntime on a random input, every such
     tensor made an output, and take the shapes it produced.  Large weights, whose values
-    were dropped, run as zeros of their shape: shapes do not depend on them."""
+    were dropped, run as zeros of their shape: shapes do not depend on them.  `known`: the
+    model's `_static_shapes`; returned as they are then."""
     from onnx import helper
 
-    known = _static_shapes(model)
     g = model.graph
     if all(known.get(o) is not None for n in g.node for o in n.output if o):
-        return
+        return known
     const = _constants(model, _nodes(model))
     wanted = list(dict.fromkeys(o for n in g.node for o in n.output
                                 if o and known.get(o) is None and o not in const))
     if not wanted:
-        return
+        return known
     import onnxruntime as ort
 
     runnable = onnx.ModelProto()
@@ -1303,13 +1306,14 @@ def _run_for_shapes(model: onnx.ModelProto, notes: list[str]) -> None:
     except Exception as e:  # noqa: BLE001 - onnxruntime cannot run it: the shapes stay unknown
         notes.append(f"{len(wanted)} tensors have no static shape after shape inference, and running the model "
                      f"once to find them failed: {' '.join(str(e).split())[:200]}")
-        return
+        return known
     found = {n: np.shape(values[n]) for n in wanted if n in values}
     _keep_only(g.value_info, [vi for vi in g.value_info if vi.name not in found])
     g.value_info.extend(helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(values[n].dtype), list(shape))
                         for n, shape in found.items())
     notes.append(f"shapes of {len(found)} tensors that shape inference could not find were read from one run of "
                  f"the model with onnxruntime")
+    return _static_shapes(model)
 
 
 def _static_shapes(model: onnx.ModelProto) -> dict[str, Optional[Shape]]:
@@ -1333,12 +1337,15 @@ _SMALL = 4096  # elements: the most a folded shape computation may hold
 _NEVER_FOLDED = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 
 
-def _fold(model: onnx.ModelProto, shapes: Mapping[str, Optional[Shape]]) -> dict[str, "np.ndarray"]:
+def _fold(model: onnx.ModelProto, shapes: Mapping[str, Optional[Shape]],
+          done: Optional[Mapping[str, "np.ndarray"]] = None) -> dict[str, "np.ndarray"]:
     """Values of the small tensors computed from constants and shapes alone (nodes
-    of the default domain whose ops `_FOLD` knows); initializers are not returned."""
+    of the default domain whose ops `_FOLD` knows); initializers are not returned.
+    `done`: values folded before from this model's nodes, with no fewer shapes known
+    (`_infer`'s previous pass): a node whose outputs all have one is not computed again."""
     small = {i.name: i for g in _graphs(model) for i in g.initializer
              if prod(i.dims) <= _SMALL and i.data_location != TensorProto.EXTERNAL}
-    values: dict[str, np.ndarray] = {}
+    values: dict[str, np.ndarray] = {k: v for k, v in (done or {}).items() if k not in small}
 
     def value(name: str):
         if name not in values and name in small:
@@ -1353,6 +1360,8 @@ def _fold(model: onnx.ModelProto, shapes: Mapping[str, Optional[Shape]]) -> dict
         if node.domain not in ("", "ai.onnx") or node.op_type in _NEVER_FOLDED \
                 or any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute):
             continue
+        if node.output and all(o in values for o in node.output if o):
+            continue  # folded in an earlier pass
         fold = _FOLD.get(node.op_type)
         if node.op_type in ("Shape", "Size"):
             if shapes.get(node.input[0]) is None:
@@ -1470,7 +1479,8 @@ _NEUTRAL = {"Add": 0.0, "Sub": 0.0, "Mul": 1.0, "Div": 1.0}
 _NEUTRAL_MOST = 1 << 16  # the most elements of a constant read to tell whether it is neutral
 
 
-def _without_neutral_ops(model: onnx.ModelProto, nodes: list[Node], folder: Path) -> list[Node]:
+def _without_neutral_ops(model: onnx.ModelProto, nodes: list[Node], folder: Path,
+                         shapes: Optional[dict[str, Optional[Shape]]] = None) -> list[Node]:
     """`nodes` with each element-wise op of a neutral constant - an add of zeros, or a
     product by ones, either side; a subtraction of zeros or a division by ones - that
     leaves its other input's shape as it is written as an Identity of that input.
@@ -1478,11 +1488,11 @@ def _without_neutral_ops(model: onnx.ModelProto, nodes: list[Node], folder: Path
     MobileOne's blocks export an add of 0 (their missing identity branch) after their
     summed convs, which then take the relu after it, and ConvNeXt-V2's global response
     norms an add of their bias, zeros as first set.  A constant stored apart is read from
-    its file beside the model (`folder`)."""
+    its file beside the model (`folder`); `shapes`: the model's `_static_shapes` where read."""
     values = {i.name: i for sg in _graphs(model) for i in sg.initializer if prod(i.dims) <= _NEUTRAL_MOST}
     values.update((n.outputs[0], n.attrs["value"]) for n in nodes
                   if n.op_type == "Constant" and isinstance(n.attrs.get("value"), onnx.TensorProto))
-    outputs, shapes, done = _graph_outputs(model), None, []
+    outputs, done = _graph_outputs(model), []
     for node in nodes:
         sides = ((1, 0), (0, 1)) if node.op_type in ("Add", "Mul") else ((1, 0),)
         if node.op_type in _NEUTRAL and len(node.inputs) == 2 and node.outputs and node.outputs[0] not in outputs:
@@ -1566,14 +1576,14 @@ def import_onnx(path: Path, input_shapes: Optional[Mapping[Optional[str], Shape]
     fixed = _fix_inputs(model, input_shapes or {}, path)
     count = sum(1 for _ in _flat(model.graph))
     notes: list[str] = []
-    model = _infer(model, notes)
-    _run_for_shapes(model, notes)
+    model, shapes = _infer(model, notes)
+    shapes = _run_for_shapes(model, notes, shapes)
     table = HANDLERS if handlers is None else handlers
-    nodes = _without_neutral_ops(model, _nodes(model), path.parent)
+    nodes = _without_neutral_ops(model, _nodes(model), path.parent, shapes)
     ran = runtime.result() if runtime is not None else None
     const = _constants(model, nodes, ran.float_nodes if ran is not None else None)
     outputs = _graph_outputs(model)
-    g = Graph(model, _fuse_patterns(nodes, const, PATTERNS if patterns is None else patterns, outputs), const)
+    g = Graph(model, _fuse_patterns(nodes, const, PATTERNS if patterns is None else patterns, outputs), const, shapes)
     unsupported: Counter = Counter()
     made_by: list[Node] = []  # the node each layer comes from
     reach = _exit_reach(g.nodes, g.consumers, model) if len(exits) > 1 else None

@@ -479,6 +479,28 @@ def test_shape_arithmetic_costs_nothing_and_is_folded_for_shapes(tmp_path):
     assert layers[1].macs == 9 * 2 * 4
 
 
+def test_chained_shape_arithmetic_is_folded_pass_by_pass_each_node_once(tmp_path, monkeypatch):
+    # a chunk of a chunk: the second one's shape arithmetic can be folded only once shape
+    # inference, run again, knows the first slice's shape; what the first pass folded is not
+    # computed again
+    from nasctl.hardware import onnx_import
+
+    divided = []
+    monkeypatch.setitem(onnx_import._FOLD, "Div", lambda attrs, a, b: divided.append(1) or a // b)
+
+    def chunk(x, out, tag):
+        return [node("Shape", [x], [f"s{tag}"]), node("Gather", [f"s{tag}", "one"], [f"c{tag}"]),
+                node("Div", [f"c{tag}", "two"], [f"h{tag}"]), node("Unsqueeze", [f"h{tag}", "zero"], [f"e{tag}"]),
+                node("Slice", [x, "start", f"e{tag}", "axis"], [out])]
+
+    nodes = chunk("x", "a", 1) + chunk("a", "b", 2) + [node("Conv", ["b", "w"], ["y"])]
+    inits = [const("one", 1, np.int64), const("two", 2, np.int64), const("zero", [0], np.int64),
+             const("start", [0], np.int64), const("axis", [1], np.int64), weight("w", 2, 4, 1, 1)]
+    layers = layers_of(tmp_path, nodes, {"x": [1, 16, 3, 3]}, ["y"], inits)
+    assert [(l.op, l.fn, l.out_ch) for l in layers] == [("data", "slice", 8), ("data", "slice", 4), ("conv", "", 2)]
+    assert len(divided) == 2
+
+
 # --- quantized models ----------------------------------------------------------------
 
 @pytest.mark.parametrize("elem, np_type, bits, opset", [
