@@ -90,8 +90,7 @@ MIN_COST = {"latency_ms": 1e-6, ENERGY_COLUMN: 1e-12}
 REGRESSORS = ("additive", "ridge", "boost", "nearest")
 MIN_ROWS = {"additive": 1, "ridge": 12, "boost": 40, "nearest": 5}  # fewest rows each regressor is fitted on
 REGRESSORS_FILE = "regressors.json"  # boosted trees fitted to the table, beside it
-REGRESSORS_FORMAT = 8  # what save_regressors writes (`_regressors_text`); older files are written again
-RETYPED_BEFORE = 7  # files of an older format are read with their kernels' types taken again (`_retyped`)
+REGRESSORS_FORMAT = 7  # what save_regressors writes; older files are read with their types taken again
 KERNEL_FLOOR_MS = 1e-4  # the least a kernel is priced at after a negative per-kernel offset (0.1 µs)
 REPLACED_BY_REORDER = "layout reorder"  # the mapping of a layer a layout reorder runs in place of
 
@@ -804,74 +803,15 @@ def _saved_doc(table: Optional[Path]) -> Optional[dict]:
     if path is None or not path.is_file():
         return None
     try:
-        raw = path.read_bytes()
-        data = _lines_doc(raw)
-        if data is None:  # an older format, or not as written: the whole document
-            data = json.loads(raw)
+        data = json.loads(path.read_text(encoding="utf-8"))
         digest = hashlib.sha256(Path(table).read_bytes()).hexdigest()
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("format") not in (1, 3, 4, 5, 6, 7, 8) or data.get("table") != digest:
+    if not isinstance(data, dict) or data.get("format") not in (1, 3, 4, 5, 6, 7) or data.get("table") != digest:
         return None
-    if data["format"] < RETYPED_BEFORE:  # before grouped (5), channel-by-channel depthwise (6) and
-        data = _retyped(data)            # channel-multiplier (7) convs had types of their own
+    if data["format"] < REGRESSORS_FORMAT:  # before grouped (5), channel-by-channel depthwise (6) and
+        data = _retyped(data)               # channel-multiplier (7) convs had types of their own
     return data
-
-
-# `regressors.json` (format 8) is one JSON document written in lines: the first holds all
-# but the kernel types' regressors, and `order`, the types in the order of the lines that
-# follow, one type's regressors each.  A device reads the first line and parses a type's
-# line when it first prices a layer of that type, not the whole document (tens of MB).
-_TYPES_OPEN, _TYPES_CLOSE = b'"types": {', b"}}"
-
-
-def _regressors_text(head: dict, types: dict[str, str]) -> str:
-    """The format-8 document of `head` and each kernel type's regressors as JSON text."""
-    first = json.dumps({**head, "order": list(types)})
-    lines = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in types.items()]
-    return "\n".join([first[:-1] + ",", _TYPES_OPEN.decode(), ",\n".join(lines), _TYPES_CLOSE.decode()]) + "\n"
-
-
-def _lines_doc(raw: bytes) -> Optional[dict]:
-    """The document `_regressors_text` wrote, its types read when first asked for
-    (`_SavedTypes`); None where `raw` is not laid out so."""
-    lines = raw.split(b"\n")
-    try:
-        head = json.loads(lines[0].rstrip(b",") + b"}")
-    except ValueError:
-        return None
-    order = head.pop("order", None) if isinstance(head, dict) else None
-    if not isinstance(order, list) or len(lines) < len(order) + 3 or lines[1] != _TYPES_OPEN:
-        return None
-    found = dict(zip(order, lines[2:2 + len(order)]))
-    if not all(isinstance(k, str) and line.startswith(json.dumps(k).encode() + b": ") for k, line in found.items()):
-        return None
-    return {**head, "types": _SavedTypes(found)}
-
-
-class _SavedTypes(Mapping):
-    """Kernel type -> its regressors' JSON text, parsed from the type's line of
-    `regressors.json` when first asked for; a line that does not parse is a type without
-    saved regressors (fitted again from the rows)."""
-
-    def __init__(self, lines: dict[str, bytes]):
-        self._lines = lines
-
-    def __getitem__(self, ktype: str) -> str:
-        line = self._lines[ktype].rstrip(b",")
-        try:
-            text = json.loads(b"{" + line + b"}")[ktype]
-        except (ValueError, KeyError):
-            raise KeyError(ktype) from None
-        if not isinstance(text, str):
-            raise KeyError(ktype)
-        return text
-
-    def __iter__(self):
-        return iter(self._lines)
-
-    def __len__(self) -> int:
-        return len(self._lines)
 
 
 def _retyped(data: dict) -> dict:
@@ -1073,10 +1013,10 @@ class LutDevice(CostModel):
         merged = [(k, r) for k in self._rows for r in self._rows[k]]
         columns = [c for c in (*LUT_COLUMNS, *OPTIONAL_COLUMNS) if all(c in r for _, r in merged)]
         largest = {k: self._largest_work(k) for k in self._rows}
-        text = _regressors_text({"format": REGRESSORS_FORMAT, "table": self._table_hash(), "targets": self.targets,
-                                 "largest": largest,
-                                 "merged": {"columns": {c: [r[c] for _, r in merged] for c in columns},
-                                            "types": [k for k, _ in merged]}}, types)
+        text = json.dumps({"format": REGRESSORS_FORMAT, "table": self._table_hash(), "targets": self.targets,
+                           "types": types, "largest": largest,
+                           "merged": {"columns": {c: [r[c] for _, r in merged] for c in columns},
+                                      "types": [k for k, _ in merged]}})
         # written whole and then renamed: a device loaded meanwhile reads the old file or the new one
         partial = path.with_name(f".{path.name}.{os.getpid()}")
         try:
