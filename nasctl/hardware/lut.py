@@ -525,10 +525,14 @@ def features(layers: Sequence[LayerSpec]) -> np.ndarray:
     channels = np.array([(l.out_ch, l.in_ch // l.groups) for l in layers], dtype=np.int64).reshape(n, 2)
     tokens = np.array([l.in_hw[1] == 1 and l.in_hw[0] > 1 for l in layers], dtype=float)
     fns = [l.fn for l in layers]
-    onehot = lambda vocab: np.array([[fn == f for f in vocab] for fn in fns], dtype=float).reshape(n, len(vocab))  # noqa: E731
+
+    def onehot(vocab: Sequence[str]) -> np.ndarray:
+        return np.array([[fn == f for f in vocab] for fn in fns], dtype=float).reshape(n, len(vocab))
+
     logged = np.log1p(raw)
     return np.column_stack([logged[:, :10], raw[:, 10], logged[:, 11:14], _align(channels), tokens,
                             onehot(FN_VOCAB), logged[:, 14], onehot(FN_LATER)])
+
 
 def _copies(layer: LayerSpec) -> int:
     """The separate copies a transpose (`data`) makes: its elements over the contiguous
