@@ -138,7 +138,6 @@ def test_features_grade_channel_alignment_to_vector_blocks():
     assert list(levels) == [1, 2, 3, 4, 4]  # 2, 4, 8 and whole blocks of 16
 
 
-
 def test_features_of_a_batch_are_each_layers_own(rows):
     """A layer's features do not depend on the layers priced beside it (they are computed
     column by column over the batch): the profile's kernels and layers of every sub-kind,
@@ -151,6 +150,13 @@ def test_features_of_a_batch_are_each_layers_own(rows):
     assert batch.shape == (len(layers), len(FEATURES))
     assert np.array_equal(batch, np.vstack([features([layer]) for layer in layers]))
     assert features([]).shape == (0, len(FEATURES))
+    # each column where its name says: a strided stem conv and a gelu conv, read by name
+    stem, gelu = features([layers[-3], layers[-1]])
+    col = {name: i for i, name in enumerate(FEATURES)}
+    assert stem[col["log_macs"]] == pytest.approx(np.log1p(layers[-3].macs))
+    assert stem[col["stride"]] == 2 and stem[col["log_in_ch"]] == pytest.approx(np.log1p(3))
+    assert gelu[col["fn_gelu"]] == 1 and stem[col["fn_gelu"]] == 0 and gelu[col["log_copies"]] == 0
+
 
 def test_kernels_that_run_dequantized_are_priced_apart_or_as_fused(rows, tmp_path):
     from dataclasses import replace
