@@ -126,9 +126,10 @@ def profile(
     channel by channel) and every tenth the blocks of conv-attention hybrids (MobileViT,
     ConvNeXt-V2, EdgeNeXt), whose transposes and reductions run without contiguous blocks,
     and every tenth 2-40 MB of weights, most in a linear head (where a classifier's
-    weights stop fitting in the caches).
-    About fifteen to twenty-five
-    minutes with the defaults on two cores (three sessions take about 40% longer than one).
+    weights stop fitting in the caches), and every twentieth the wide dense convs of
+    ResNet-style stages (64-512 channels), two thirds of them int8.
+    Fifteen to fifty minutes with the defaults on two cores, by the machine (three
+    sessions take about 40% longer than one).
     --refit fits a profiled device again without measuring (minutes), e.g. after an
     upgrade that tells more kernels apart."""
     from ..hardware.fit import write_device

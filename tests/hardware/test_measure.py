@@ -278,7 +278,7 @@ def test_a_full_profile_draws_every_tenth_context_network_large_and_a_quick_one_
     import nasctl.hardware.measure.profile as profile
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_MOBILE
+    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_WIDE
     nets = profile.context_networks(600, seed=7)
 
     def macs(model) -> int:
@@ -1030,7 +1030,7 @@ def test_a_full_profile_draws_every_tenth_network_of_depthwise_convs_with_a_chan
     from nasctl.hardware.measure.context import multiplier_network
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(100) == profile.SEEDING_MOBILE  # which keeps SEEDING_MULTIPLIER's networks
+    assert profile.seeding_for(100) == profile.SEEDING_WIDE  # which keeps SEEDING_MULTIPLIER's networks
     nets = profile.context_networks(500, seed=7)
     drawn = [i for i in range(len(nets)) if profile.is_multiplier(i, profile.SEEDING_NARROW)]
     assert drawn and all(i % 10 == profile.MULTIPLIER_AT for i in drawn)
@@ -1100,7 +1100,7 @@ def test_a_full_profile_draws_every_twentieth_network_a_mobile_one_with_a_first_
     from nasctl.hardware.measure.context import mobile_network
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(100) == profile.SEEDING_MOBILE
+    assert profile.seeding_for(100) == profile.SEEDING_WIDE
     nets = profile.context_networks(300, seed=7)
     drawn = [i for i in range(len(nets)) if profile.is_mobile(i, profile.SEEDING_MOBILE)]
     assert drawn and all(i % 20 == profile.MOBILE_AT for i in drawn)
@@ -1126,6 +1126,44 @@ def test_a_full_profile_draws_every_twentieth_network_a_mobile_one_with_a_first_
         int8_fns |= {layer.fn for layer in layers if layer.w_bits == 8}
     assert all(firsts) and bits == {8, 32} and dequantized
     assert {"hardswish", "sigmoid"} <= int8_fns  # int8 hardswishes, and swishes' sigmoids, as published nets hold
+
+
+def test_a_full_profile_draws_every_twentieth_network_of_wide_dense_convs_most_of_them_int8(tmp_path, monkeypatch):
+    """onnxruntime runs some int8 dense convs unfused, in its plain channels-first float
+    conv between dequantize and quantize nodes (`conv_w8a8_dq`), at 1.2x the blocked float
+    conv's time at 128-256 channels and 1.45x at 48; random networks' int8 dense 3x3 convs
+    have 72 channels or fewer but for a few, and int8 ResNets' were priced at 1.3-1.6x their
+    time.  A full profile draws every twentieth network (SEEDING_WIDE, at WIDE_AT) a wide
+    residual one, whose int8 ones hold such convs of 128 channels or more, both unfused and
+    fused (QLinearConv), and small enough (under 2e8 MACs) that their kernels are rows of
+    the table; the other networks, and every network of a profile drawn before, are as
+    they were drawn."""
+    import nasctl.hardware.measure.profile as profile
+    from nasctl.hardware.lut import kernel_type
+    from nasctl.hardware.measure.context import wide_network
+
+    monkeypatch.setattr(profile, "LARGE_FROM", 100)
+    nets = profile.context_networks(300, seed=7)
+    drawn = [i for i in range(len(nets)) if profile.is_wide(i, profile.SEEDING_WIDE)]
+    assert drawn and all(i % 20 == profile.WIDE_AT for i in drawn)
+    assert not any(profile.is_wide(i, profile.SEEDING_MOBILE) for i in range(len(nets)))
+    for i in drawn:
+        assert nets[i][1].startswith(("wide ", "int8 wide ", "int8 per-channel wide "))
+    for i in (0, 1, 8, 17, 19, drawn[0]):  # the other networks, and a profile drawn before: as they were drawn
+        before = profile.context_network(7, i, profile.SEEDING_MOBILE)[0].SerializeToString()
+        assert (profile.context_network(7, i, profile.SEEDING_WIDE)[0].SerializeToString() == before) == \
+            (i not in drawn)
+    int8, types = 0, set()
+    for k in range(10):
+        model, description = wide_network(np.random.default_rng([7, k]))
+        onnx.save(model, str(tmp_path / "net.onnx"))
+        layers = import_onnx(tmp_path / "net.onnx").layers
+        assert sum(layer.macs for layer in layers) < 2e8
+        int8 += description.startswith("int8")
+        types |= {(kernel_type(layer), layer.kernel[0]) for layer in layers
+                  if layer.op == "conv" and layer.groups == 1 and layer.out_ch >= 128}
+    assert 5 <= int8 <= 9
+    assert {("conv_w8a8_dq", 3), ("conv_w8a8", 3), ("conv_w8a8_dq", 1), ("conv", 3)} <= types
 
 
 def test_where_a_classifier_starts_reading_from_memory_does_not_jump_between_two_profiles():

@@ -16,7 +16,8 @@ contiguous blocks (`strided_network`: MobileViT's patch unfolding, ConvNeXt-V2's
 EdgeNeXt's L2-normalised transposed attention, layer norms over the channels axis), and
 conv nets whose linear heads hold most of their 2-40 MB of weights (`headed_network`), and
 conv nets of depthwise convs with a channel multiplier (`multiplier_network`: FastViT,
-MobileOne, Xception) -
+MobileOne, Xception), and residual nets of wide dense convs (`wide_network`: ResNet-style
+stages of 64-512 channels) -
 over inputs of 32-224 px, 3-1024 channels, kernels 1-9 (and patch embeddings), strides
 1-2, dense, grouped and depthwise convs, float32 and int8 (conv nets and transformers
 quantized by onnxruntime's static quantizer, QDQ, weights per tensor or per channel, as
@@ -820,6 +821,44 @@ def strided_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: f
     x, used = _stages(blocks, x, act, lambda _: _pick(rng, kinds), _width, repeats=2, at_least_one=True)
     y = b.classifier(b.global_pool(x), _pick(rng, (10, 100, 1000)))
     return b.model(y), f"strided {'/'.join(dict.fromkeys(used))} {size}px"
+
+
+WIDE_SIZES = (32, 40, 48, 56, 64)  # the inputs wide networks see: their stages start at 8-16 px
+WIDE_INNER = (64, 96, 128)  # the width of a wide network's first stage (of a bottleneck's 3x3 conv)
+
+
+def wide_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: float = 2e7):
+    """A residual conv net of wide dense convs, as ResNets and VGG-style nets are: a stem,
+    then stages of stride 2 of basic or bottleneck blocks whose 3x3 convs start at 64-128
+    channels and 8-16 px and double each stage up to 512 (a bottleneck's 1x1 convs four
+    times that).  Two thirds of them int8: onnxruntime runs
+    some of their dense convs as QLinearConv and others, unfused, in its plain
+    (channels-first) float conv between dequantize and quantize nodes (`conv_w8a8_dq`).  That
+    conv's time over the blocked float conv's falls with the channels: about 1.45x at 48
+    channels, 1.2x at 128-256 (`benchmarks/README.md`); the other context networks' int8
+    dense 3x3 convs have 72 channels or fewer but for a few, and int8 ResNets' were priced
+    at 1.3-1.6x their time.  Of 20-100 MMAC, so that their kernels are rows of the table."""
+    budget = float(np.exp(rng.uniform(np.log(min_macs), np.log(max_macs))))
+    size = _pick(rng, WIDE_SIZES)
+    int8 = bool(rng.random() < 2 / 3)
+    b = NetBuilder(rng, (1, 3, size, size))
+    blocks = _Blocks(b, rng, budget)
+    act = _pick(rng, ("relu", "relu", "relu6"))
+    kind = _pick(rng, ("basic", "bottleneck"))
+    x = b.conv("input", _pick(rng, (32, 48, 64)), _pick(rng, (3, 7)), 2, act=act)
+    inner = _pick(rng, WIDE_INNER)
+    while b.macs < budget and b.shapes[x][2] >= 4 and b.kernels < 120:
+        cout = inner * (4 if kind == "bottleneck" else 1)
+        for i in range(int(rng.integers(1, 3))):
+            x = getattr(blocks, kind)(x, cout, 2 if i == 0 else 1, act)
+            if b.macs >= budget:
+                break
+        inner = min(2 * inner, 512)
+    model = b.model(b.classifier(b.global_pool(x), _pick(rng, (10, 100, 1000))))
+    description = f"wide {kind} {size}px"
+    if int8:
+        return _int8(model, description, rng, per_channel=bool(rng.random() < 0.5))
+    return model, description
 
 
 def _stages(blocks: _Blocks, x: str, act: str, next_kind, width_of, repeats: int, at_least_one: bool = False):
