@@ -75,6 +75,19 @@ def predict(
         typer.echo(f"warning: not priced, so the latency and energy totals exclude them: {listed}; the totals "
                    f"cover {covered:.0%} of the model's {imported.nodes} nodes", err=True)
 
+    # Layers priced from another kernel's measurements (a table without rows of their own):
+    # their prices may be far off (an 8-bit max pool run channels-first takes 30x a
+    # channels-last one's time), and the user is told which.
+    stand_ins = [{"kernel": own, "priced_as": used, "count": n}
+                 for (own, used), n in sorted(cost_model.stand_ins(report.layers).items())]
+    if stand_ins:
+        listed = "; ".join(f"{s['kernel']} x{s['count']} as {s['priced_as']}" for s in stand_ins)
+        n = sum(s["count"] for s in stand_ins)
+        typer.echo(f"warning: {n} layer{'s' * (n != 1)} priced from another kernel type's rows, "
+                   f"'{report.device}' holding none of their own ({listed}): a profile with such kernels "
+                   f"(`nasctl hw profile`) prices them from their own; `nasctl hw validate` measures the model",
+                   err=True)
+
     layers = [_layer_row(layer, cost) for layer, cost in zip(report.layers, report.costs)]
     energy = report.energy_mj if cost_model.models_energy else None
     doc = {"model": str(model), "device": report.device, "nodes": imported.nodes,
@@ -83,7 +96,7 @@ def predict(
            "macs": sum(layer.macs for layer in report.layers),
            "params": sum(layer.params for layer in report.layers),
            "weight_bytes": sum(layer.weight_bytes for layer in report.layers),
-           "layers": layers, "unsupported": not_priced, "covered_nodes_share": covered}
+           "layers": layers, "unsupported": not_priced, "covered_nodes_share": covered, "stand_ins": stand_ins}
     if len(exits) > 1 or rates is not None:
         doc.update(_exit_figures(report, exits, rates, cost_model.models_energy))
     if as_json:

@@ -114,6 +114,13 @@ class CostModel(ABC):
         are charged to, for a device that prices them (a profiled CPU); as it is for others."""
         return report
 
+    def stand_ins(self, layers: Sequence[LayerSpec]) -> Counter:
+        """(the layer's kernel type, the kernel type it was priced as) -> count, for the
+        layers of `layers` this device prices from the measurements of another kernel than
+        theirs, having none of their own (a profiled device's table); none for a device
+        that prices every layer by a model of its own kernel."""
+        return Counter()
+
     @abstractmethod
     def _layer_cost(self, layer: LayerSpec) -> LayerCost | None:
         """Cost of one layer, or None if this device cannot price its op."""

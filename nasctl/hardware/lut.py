@@ -65,6 +65,7 @@ import json
 import math
 import os
 import statistics
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -908,6 +909,8 @@ class LutDevice(CostModel):
         self._models: dict[str, list] = {}  # fitted on first use (or restored from regressors.json)
         self._saved = self._saved_types(doc)
         self._cache: dict[tuple, Optional[LayerCost]] = {}
+        # shape key -> (the layer's kernel type, the type priced as) where the table has none of its own
+        self._stand_in: dict[tuple, tuple[str, str]] = {}
         # kernel type -> the work of its largest kernel (saved with the regressors)
         self._largest: dict[str, float] = {k: float(v) for k, v in ((doc or {}).get("largest") or {}).items()
                                            if k in self._rows}
@@ -1062,13 +1065,26 @@ class LutDevice(CostModel):
                 self._cache[key] = None
                 continue
             priced, ktype = next(((c, t) for c, t in known if self._covers(t, c)), known[0])
+            if not own:
+                self._stand_in[key] = (kernel_type(layer), ktype)
             todo.setdefault(ktype, {})[key] = (priced, layer)
         for ktype, batch in todo.items():
             priced = [p for p, _ in batch.values()]
             values = np.exp(np.column_stack([m.predict(priced) for m in self._regressors(ktype)]))
             values *= self._bound_factor(ktype, priced, values[:, 0])[:, None]
             for (key, (_, layer)), v in zip(batch.items(), values):
-                self._cache[key] = self._cost(tuple(float(x) for x in v), f"{self.chosen[ktype]} regressor", layer)
+                how = f"{self.chosen[ktype]} regressor"
+                if key in self._stand_in:
+                    how += f" of {ktype} (no {self._stand_in[key][0]} rows)"
+                self._cache[key] = self._cost(tuple(float(x) for x in v), how, layer)
+
+    def stand_ins(self, layers: Sequence[LayerSpec]) -> Counter:
+        """The layers priced as a kernel they are told apart from (`_fallback_types`: an
+        8-bit max pool run channels-first as a channels-last one, at a thirtieth of its
+        time), the table holding no rows of their own kernel type: (their type, the type
+        priced as) -> count."""
+        self._price_new(layers)
+        return Counter(self._stand_in[key] for key in (layer.shape_key() for layer in layers) if key in self._stand_in)
 
     COVER = 8.0  # a kernel type prices layers up to this many times the work of its largest kernel
     # Beyond its type's largest kernel, a regressed price is held to at most this many times

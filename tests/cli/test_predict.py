@@ -299,3 +299,35 @@ def test_a_model_is_read_as_quantized_by_its_dequantize_nodes_alone(tmp_path):
     # the model's own errors are still the importer's one line
     result = invoke(str(tmp_path / "missing.onnx"), "--device", "edge-quad")
     assert result.exit_code == 2 and "no such file" in result.stderr
+
+
+def test_layers_priced_from_another_kernels_rows_are_named_in_one_warning(tmp_path, monkeypatch):
+    """A profiled table without rows of a layer's kernel prices it as a kernel it is told
+    apart from (here a grouped conv as a dense one; an int8 max pool run channels-first as
+    a channels-last one, 30x faster): `nasctl predict` names such layers in one warning
+    and in its JSON (`stand_ins`), and says nothing where the table has rows of their own."""
+    from nasctl.hardware.layers import LayerSpec
+    from nasctl.hardware.lut import LutDevice, LutSpec, row_from_layer
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="grouped", group=2, pads=[1, 1, 1, 1])],
+                              "g", [helper.make_tensor_value_info("x", T.FLOAT, [1, 16, 16, 16])],
+                              [helper.make_empty_tensor_value_info("y")], [w])
+    onnx.save(onnx_model(graph, 17), tmp_path / "g.onnx")
+
+    def conv(c, hw, groups=1):
+        return LayerSpec("conv", c, c, (hw, hw), (hw, hw), (3, 3), 1, groups)
+
+    dense = [row_from_layer(conv(c, hw), 1e-3 + conv(c, hw).macs * 1e-8) for c in (8, 16, 32) for hw in (8, 16, 32)]
+    grouped = [row_from_layer(conv(c, hw, 2), 1e-3 + conv(c, hw, 2).macs * 3e-8) for c in (8, 16, 32) for hw in (8, 16)]
+    for rows, named in ((dense, [{"kernel": "conv_g", "priced_as": "conv", "count": 1}]), (dense + grouped, [])):
+        table = LutDevice(LutSpec.model_validate({"name": "table", "kind": "lut"}), rows)
+        monkeypatch.setattr(loader, "load_device", lambda name: table)
+        result = invoke(str(tmp_path / "g.onnx"), "--device", "table", "--json")
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["stand_ins"] == named
+        warnings = [line for line in result.stderr.splitlines() if "another kernel type's rows" in line]
+        assert len(warnings) == len(named)
+        if named:
+            assert warnings[0].startswith("warning: 1 layer priced") and "(conv_g x1 as conv)" in warnings[0]

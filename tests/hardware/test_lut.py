@@ -717,6 +717,34 @@ def test_plain_kernel_int8_max_pools_are_priced_apart_and_as_max_pools_where_the
     assert both.estimate([pool(20)]).latency_ms == pytest.approx(fast_only.estimate([pool(20)]).latency_ms)
 
 
+def test_a_layer_priced_as_a_kernel_it_is_told_apart_from_is_named_as_such(rows):
+    """Where a table holds no rows of a layer's kernel type, the layer is priced as a kernel
+    it is told apart from (an 8-bit max pool run channels-first as a channels-last one, at
+    a thirtieth of its time; a grouped conv as a dense one): `stand_ins` counts such layers
+    by their type and the type priced as, and their mapping says so.  A table with rows of
+    their own names none; an int8 conv priced from the float conv a QDQ group runs is
+    priced as its own kernel, not named."""
+    from collections import Counter
+
+    from nasctl.hardware.layers import MAX_NCHW
+
+    def pool(hw, fn="max"):
+        return LayerSpec("pool", 32, 32, (hw, hw), (hw // 2, hw // 2), (2, 2), 2, w_bits=8, a_bits=8, fn=fn)
+
+    fast = [row_from_layer(pool(hw), 1e-6 * hw * hw) for hw in (8, 12, 16, 24, 32, 48)]
+    slow = [row_from_layer(pool(hw, MAX_NCHW), 2e-5 * hw * hw) for hw in (8, 12, 16, 24, 32, 48)]
+    layers = [pool(20, MAX_NCHW), pool(20), pool(28, MAX_NCHW), conv(32, 32, 16, groups=4), conv(32, 32, 16, bits=8)]
+    fast_only = device(rows + fast)
+    assert fast_only.stand_ins(layers) == Counter({("pool_nchw_w8a8", "pool_w8a8"): 2, ("conv_g", "conv"): 1})
+    costs = fast_only.estimate(layers).costs
+    assert costs[0].mapping.endswith("regressor of pool_w8a8 (no pool_nchw_w8a8 rows)")
+    assert costs[3].mapping.endswith("regressor of conv (no conv_g rows)")
+    assert "(no " not in costs[1].mapping and "(no " not in costs[4].mapping
+    both = device(rows + fast + slow)
+    assert both.stand_ins(layers) == Counter({("conv_g", "conv"): 1})
+    assert "(no " not in both.estimate(layers).costs[0].mapping
+
+
 def test_a_plain_kernel_int8_max_pool_far_larger_than_its_rows_is_priced_from_them_not_as_a_faster_kernel(rows):
     """A profile may hold only a few small channels-first 8-bit max pools (they arise in
     few int8 structures): SqueezeNet 1.1's 128 x 39 x 39 pool, 60x the largest of two such
