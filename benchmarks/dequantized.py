@@ -10,7 +10,8 @@ each width and size (`CASES`), three residual basic blocks of 3x3 convs as a flo
 network and as onnxruntime's int8 one (per-channel weights), measures both in context as
 `hw profile` does (`attribution.measure_networks`, `in_context_costs`) and prints the
 median 3x3 conv of each kernel type against the float one; with `--workspace`, what that
-workspace's `cpu-local` prices each at.
+workspace's `cpu-local` prices each at (each network priced whole, its run overhead left
+out).
 
   python benchmarks/dequantized.py [--workspace runs/X] [--rounds 10]
 """
@@ -61,23 +62,29 @@ def main() -> None:
         measured = measure_networks(nets + reference_networks(3), Protocol(threads=1, rounds=args.rounds,
                                                                              spread_s=3.0), Path(tmp))
     costs, _ = in_context_costs(measured)
-    device = None
+    device, prices = None, []
     if args.workspace is not None:
         from nasctl.hardware.loader import load_device
 
         device = load_device(str(args.workspace / "hardware" / "cpu-local" / "spec.yaml"))
+        # each network priced whole, as `nasctl predict` prices a model, its run overhead
+        # (which its first layer carries) left out, as `hw validate --by-kernel` does
+        run = float(device.spec.overhead.per_model_ms)
+        for m in measured[:len(nets)]:
+            ms = [cost.latency_ms for cost in device.estimate(m.layers).costs]
+            prices.append([ms[0] - run, *ms[1:]])
     types = ("conv", "conv_w8a8_dq", "conv_w8a8")
     print(f"{'width':>5} {'px':>3} " + " ".join(f"{t + ' ms':>16}" for t in types)
           + f" {'dq/float':>8} {'fused/float':>11}" + ("   priced ms (" + ", ".join(types) + ")" if device else ""))
     for k, (w, size) in enumerate(CASES):
         ms, priced = {}, {}
-        for m, ts in zip(measured[2 * k:2 * k + 2], costs[2 * k:2 * k + 2]):
-            for layer, t in zip(m.layers, ts):
+        for i in (2 * k, 2 * k + 1):
+            for j, (layer, t) in enumerate(zip(measured[i].layers, costs[i])):
                 kt = kernel_type(layer)
                 if layer.op == "conv" and layer.kernel == (3, 3) and kt in types:
                     ms.setdefault(kt, []).append(t)
                     if device is not None:
-                        priced.setdefault(kt, []).append(device.estimate([layer]).latency_ms)
+                        priced.setdefault(kt, []).append(prices[i][j])
         med = {t: float(np.median(v)) for t, v in ms.items()}
         cells = " ".join(f"{med[t]:16.4f}" if t in med else f"{'-':>16}" for t in types)
         ratio = lambda t: f"{med[t] / med['conv']:.2f}" if t in med and "conv" in med else "-"  # noqa: E731

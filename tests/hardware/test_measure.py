@@ -1130,8 +1130,8 @@ def test_a_full_profile_draws_every_twentieth_network_a_mobile_one_with_a_first_
 
 def test_a_full_profile_draws_every_twentieth_network_of_wide_dense_convs_most_of_them_int8(tmp_path, monkeypatch):
     """onnxruntime runs some int8 dense convs unfused, in its plain channels-first float
-    conv between dequantize and quantize nodes (`conv_w8a8_dq`), at 1.3x the blocked float
-    conv's time on ResNet-18's maps and 1.4-1.7x for narrow convs or small maps; random
+    conv between dequantize and quantize nodes (`conv_w8a8_dq`), at 1.2-1.4x the blocked
+    float conv's time on ResNet-18's maps and 1.3-2.0x for narrow convs or small maps; random
     networks' int8 dense 3x3 convs have 72 channels or fewer but for a few, and int8
     ResNets' were priced from them at 1.3-1.7x the float price.  A full profile draws every twentieth network (SEEDING_WIDE, at WIDE_AT) a wide
     residual one, whose int8 ones hold such convs of 128 channels or more, both unfused and

@@ -833,9 +833,9 @@ def wide_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: floa
     channels and 8-16 px and double each stage up to 512 (a bottleneck's 1x1 convs four
     times that).  Two thirds of them int8: onnxruntime runs some of their dense convs as
     QLinearConv and others, unfused, in its plain (channels-first) float conv between
-    dequantize and quantize nodes (`conv_w8a8_dq`), at 1.3x the blocked float conv's time
-    on ResNet-18's maps (64-256 channels at 14-56 px) and 1.4-1.7x for 32-48 channels, or
-    512 at 7 px and less, whose many weights are dequantized at every run
+    dequantize and quantize nodes (`conv_w8a8_dq`), at 1.2-1.4x the blocked float conv's
+    time on ResNet-18's maps (64-256 channels at 14-56 px) and 1.3-2.0x for 32-48 channels,
+    or 256-512 at 7 px and less, whose many weights are dequantized at every run
     (`benchmarks/dequantized.py`).  The other context networks' int8 dense 3x3 convs have
     72 channels or fewer but for a few, and int8 ResNets' were priced from them at
     1.3-1.7x the float price.  Drawn to 20-100 MMAC (the last block may pass it), so that
