@@ -278,7 +278,7 @@ def test_a_full_profile_draws_every_tenth_context_network_large_and_a_quick_one_
     import nasctl.hardware.measure.profile as profile
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_WIDE
+    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_JOINED
     nets = profile.context_networks(600, seed=7)
 
     def macs(model) -> int:
@@ -1030,7 +1030,7 @@ def test_a_full_profile_draws_every_tenth_network_of_depthwise_convs_with_a_chan
     from nasctl.hardware.measure.context import multiplier_network
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(100) == profile.SEEDING_WIDE  # which keeps SEEDING_MULTIPLIER's networks
+    assert profile.seeding_for(100) == profile.SEEDING_JOINED  # which keeps SEEDING_MULTIPLIER's networks
     nets = profile.context_networks(500, seed=7)
     drawn = [i for i in range(len(nets)) if profile.is_multiplier(i, profile.SEEDING_NARROW)]
     assert drawn and all(i % 10 == profile.MULTIPLIER_AT for i in drawn)
@@ -1100,7 +1100,7 @@ def test_a_full_profile_draws_every_twentieth_network_a_mobile_one_with_a_first_
     from nasctl.hardware.measure.context import mobile_network
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(100) == profile.SEEDING_WIDE
+    assert profile.seeding_for(100) == profile.SEEDING_JOINED
     nets = profile.context_networks(300, seed=7)
     drawn = [i for i in range(len(nets)) if profile.is_mobile(i, profile.SEEDING_MOBILE)]
     assert drawn and all(i % 20 == profile.MOBILE_AT for i in drawn)
@@ -1143,7 +1143,7 @@ def test_a_full_profile_draws_every_twentieth_network_of_wide_dense_convs_most_o
     from nasctl.hardware.measure.context import wide_network
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    nets = profile.context_networks(300, seed=7)
+    nets = profile.context_networks(500, seed=7)
     drawn = [i for i in range(len(nets)) if profile.is_wide(i, profile.SEEDING_WIDE)]
     assert drawn and all(i % 20 == profile.WIDE_AT for i in drawn)
     assert not any(profile.is_wide(i, profile.SEEDING_MOBILE) for i in range(len(nets)))
@@ -1164,6 +1164,42 @@ def test_a_full_profile_draws_every_twentieth_network_of_wide_dense_convs_most_o
                   if layer.op == "conv" and layer.groups == 1 and layer.out_ch >= 128}
     assert 5 <= int8 <= 9
     assert {("conv_w8a8_dq", 3), ("conv_w8a8", 3), ("conv_w8a8_dq", 1), ("conv", 3)} <= types
+
+
+def test_a_full_profile_draws_every_twentieth_network_int8_with_max_pools_on_joins(tmp_path, monkeypatch):
+    """onnxruntime runs an 8-bit max pool whose input a QLinearConcat or a QLinearAdd
+    writes in its plain channels-first kernel (`pool_nchw_w8a8`), about 30x its
+    channels-last pool's time; random networks hold few, one full profile none, and the
+    int8 SqueezeNet's were priced at a fortieth of their time.  A full profile draws every
+    twentieth network (SEEDING_JOINED, at JOINED_AT) an int8 one whose stages end in a max
+    pool on a join, which holds such pools at several sizes; the other networks, and every
+    network of a profile drawn before, are as they were drawn."""
+    import nasctl.hardware.measure.profile as profile
+    from nasctl.hardware.lut import kernel_type
+    from nasctl.hardware.measure.context import joined_network
+
+    monkeypatch.setattr(profile, "LARGE_FROM", 100)
+    assert profile.seeding_for(100) == profile.SEEDING_JOINED
+    nets = profile.context_networks(300, seed=7)
+    drawn = [i for i in range(len(nets)) if profile.is_joined(i, profile.SEEDING_JOINED)]
+    assert drawn and all(i % 20 == profile.JOINED_AT for i in drawn)
+    assert not any(profile.is_joined(i, profile.SEEDING_WIDE) for i in range(len(nets)))
+    for i in drawn:
+        assert nets[i][1].startswith(("int8 joined ", "int8 per-channel joined "))
+    for i in (0, 3, 6, 15, 17, 18, drawn[0]):  # the other networks, and a profile drawn before: as they were drawn
+        before = profile.context_network(7, i, profile.SEEDING_WIDE)[0].SerializeToString()
+        assert (profile.context_network(7, i, profile.SEEDING_JOINED)[0].SerializeToString() == before) == \
+            (i not in drawn)
+    plain = []
+    for k in range(12):
+        model, description = joined_network(np.random.default_rng([7, k]))
+        onnx.save(model, str(tmp_path / "net.onnx"))
+        layers = import_onnx(tmp_path / "net.onnx").layers
+        assert sum(layer.macs for layer in layers) < 2e8
+        plain += [(layer.in_ch, layer.in_hw[0]) for layer in layers if kernel_type(layer) == "pool_nchw_w8a8"]
+    assert len(plain) >= 10
+    assert min(hw for _, hw in plain) <= 16 and max(hw for _, hw in plain) >= 27  # late and early stages
+    assert max(c for c, _ in plain) >= 128
 
 
 def test_where_a_classifier_starts_reading_from_memory_does_not_jump_between_two_profiles():

@@ -17,7 +17,8 @@ EdgeNeXt's L2-normalised transposed attention, layer norms over the channels axi
 conv nets whose linear heads hold most of their 2-40 MB of weights (`headed_network`), and
 conv nets of depthwise convs with a channel multiplier (`multiplier_network`: FastViT,
 MobileOne, Xception), and residual nets of wide dense convs (`wide_network`: ResNet-style
-stages of 64-512 channels) -
+stages of 64-512 channels), and int8 nets whose stages end in a max pool on a join
+(`joined_network`: SqueezeNet's fire modules, GoogLeNet's inception blocks) -
 over inputs of 32-224 px, 3-1024 channels, kernels 1-9 (and patch embeddings), strides
 1-2, dense, grouped and depthwise convs, float32 and int8 (conv nets and transformers
 quantized by onnxruntime's static quantizer, QDQ, weights per tensor or per channel, as
@@ -449,6 +450,21 @@ class _Blocks:
         s = b.conv(x, max(8, cout // 8), 1, act="relu")
         return b.concat([b.conv(s, cout // 2, 1, act="relu"), b.conv(s, cout - cout // 2, 3, act="relu")])
 
+    def inception(self, x, cout, stride, act):
+        """GoogLeNet's block: a 1x1 conv, a 1x1 then a 3x3, a 1x1 then a 3x3 or 5x5, and a
+        3x3 max pool of stride 1 then a 1x1, concatenated (about a quarter of `cout` each);
+        `stride` > 1 max-pools the input first."""
+        b, rng = self.b, self.rng
+        if stride > 1:
+            x = b.pool(x, "max", 3, 2, 1)
+        q = max(8, cout // 4)
+        pooled = b.conv(b.pool(x, "max", 3, 1, 1), q, 1, act="relu")
+        branches = [b.conv(x, q, 1, act="relu"),
+                    b.conv(b.conv(x, max(8, q // 2), 1, act="relu"), q, 3, act="relu"),
+                    b.conv(b.conv(x, max(8, q // 4), 1, act="relu"), max(8, cout - 3 * q), _pick(rng, (3, 5)),
+                           act="relu")]
+        return b.concat(branches + [pooled])
+
     def dense(self, x, cout, stride, act):
         b, rng = self.b, self.rng
         growth = _pick(rng, (8, 12, 16, 24, 32))
@@ -861,6 +877,42 @@ def wide_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: floa
     if int8:
         return _int8(model, description, rng, per_channel=bool(rng.random() < 0.5))
     return model, description
+
+
+JOINED_SIZES = (64, 96, 112, 128, 160, 192, 224)  # the inputs joined networks see
+
+
+def joined_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: float = 2e7):
+    """An int8 conv net whose stages end in a join - fire modules' or inception blocks'
+    concatenations, or residual sums - and a max pool on it, as SqueezeNet's and
+    GoogLeNet's do: onnxruntime runs an 8-bit max pool whose input a QLinearConcat or a
+    QLinearAdd writes in its plain channels-first kernel (`layers.MAX_NCHW`), about 30x the
+    time per element of its channels-last pool.  The other context networks hold few (a
+    fire block of stride 2 after another), and one full profile drew none: the int8
+    SqueezeNet-1.1's two such pools were priced at a fortieth of their time, from
+    channels-last rows.  A stem conv of stride 2 and a max pool, then stages of one or two
+    blocks of one kind, each stage ending in a max pool of stride 2.  (onnxruntime runs an
+    int8 inception net's pools, its blocks' own of stride 1 too, on dequantized values: a
+    sixth of them are such.)  Of 20-100 MMAC, weights per tensor or per channel."""
+    budget = float(np.exp(rng.uniform(np.log(min_macs), np.log(max_macs))))
+    kind = _pick(rng, ("fire", "fire", "fire", "basic", "basic", "inception"))
+    # a residual block's 3x3 convs take all its channels: its stages start at 28 px or less
+    size = _pick(rng, JOINED_SIZES if kind != "basic" else JOINED_SIZES[:4])
+    b = NetBuilder(rng, (1, 3, size, size))
+    blocks = _Blocks(b, rng, budget)
+    x = b.conv("input", _pick(rng, (32, 48, 64)), _pick(rng, (3, 3, 7)) if size <= 128 else 3, 2, act="relu")
+    x = b.pool(x, "max", 3, 2)
+    cout = _width(rng, _pick(rng, (1.0, 2.0)) * blocks.ch(x)) if kind != "basic" else blocks.ch(x)
+    first = True
+    while (first or b.macs < budget) and b.shapes[x][2] >= 6 and b.kernels < 120:
+        first = False
+        for _ in range(int(rng.integers(1, 3))):
+            x = getattr(blocks, kind)(x, cout, 1, "relu")
+        k = _pick(rng, (2, 3, 3))
+        x = b.pool(x, "max", k, 2, _pick(rng, (0, 1)) if k == 3 else 0)
+        cout = min(_width(rng, cout * _pick(rng, (1.5, 2.0))), 512)
+    model = b.model(b.classifier(b.global_pool(x), _pick(rng, (10, 100, 1000))))
+    return _int8(model, f"joined {kind} {size}px", rng, per_channel=bool(rng.random() < 0.5))
 
 
 def _stages(blocks: _Blocks, x: str, act: str, next_kind, width_of, repeats: int, at_least_one: bool = False):
