@@ -128,7 +128,8 @@ def profile(
     and every tenth 2-40 MB of weights, most in a linear head (where a classifier's
     weights stop fitting in the caches), and every twentieth the wide dense convs of
     ResNet-style stages (64-512 channels), two thirds of them int8, and every twentieth an
-    int8 one whose stages end in a max pool on a concatenation or a residual sum (SqueezeNet).
+    int8 one whose stages end in a max pool on a concatenation or a residual sum (SqueezeNet),
+    and every fortieth an int8 RegNet (grouped convs of tens of groups).
     Fifteen to fifty minutes with the defaults on two cores, by the machine (three
     sessions take about 40% longer than one).
     --refit fits a profiled device again without measuring (minutes), e.g. after an

@@ -1,4 +1,5 @@
 import json
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -278,7 +279,7 @@ def test_a_full_profile_draws_every_tenth_context_network_large_and_a_quick_one_
     import nasctl.hardware.measure.profile as profile
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_JOINED
+    assert profile.seeding_for(99) == profile.SEEDING_PLAIN and profile.seeding_for(100) == profile.SEEDING_GROUPED
     nets = profile.context_networks(600, seed=7)
 
     def macs(model) -> int:
@@ -1030,7 +1031,7 @@ def test_a_full_profile_draws_every_tenth_network_of_depthwise_convs_with_a_chan
     from nasctl.hardware.measure.context import multiplier_network
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(100) == profile.SEEDING_JOINED  # which keeps SEEDING_MULTIPLIER's networks
+    assert profile.seeding_for(100) == profile.SEEDING_GROUPED  # which keeps SEEDING_MULTIPLIER's networks
     nets = profile.context_networks(500, seed=7)
     drawn = [i for i in range(len(nets)) if profile.is_multiplier(i, profile.SEEDING_NARROW)]
     assert drawn and all(i % 10 == profile.MULTIPLIER_AT for i in drawn)
@@ -1100,7 +1101,7 @@ def test_a_full_profile_draws_every_twentieth_network_a_mobile_one_with_a_first_
     from nasctl.hardware.measure.context import mobile_network
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(100) == profile.SEEDING_JOINED
+    assert profile.seeding_for(100) == profile.SEEDING_GROUPED
     nets = profile.context_networks(300, seed=7)
     drawn = [i for i in range(len(nets)) if profile.is_mobile(i, profile.SEEDING_MOBILE)]
     assert drawn and all(i % 20 == profile.MOBILE_AT for i in drawn)
@@ -1179,7 +1180,7 @@ def test_a_full_profile_draws_every_twentieth_network_int8_with_max_pools_on_joi
     from nasctl.hardware.measure.context import joined_network
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    assert profile.seeding_for(100) == profile.SEEDING_JOINED
+    assert profile.seeding_for(100) == profile.SEEDING_GROUPED
     nets = profile.context_networks(300, seed=7)
     drawn = [i for i in range(len(nets)) if profile.is_joined(i, profile.SEEDING_JOINED)]
     assert drawn and all(i % 20 == profile.JOINED_AT for i in drawn)
@@ -1200,6 +1201,37 @@ def test_a_full_profile_draws_every_twentieth_network_int8_with_max_pools_on_joi
     assert len(plain) >= 10
     assert min(hw for _, hw in plain) <= 16 and max(hw for _, hw in plain) >= 27  # late and early stages
     assert max(c for c, _ in plain) >= 128
+
+
+def test_a_full_profile_draws_every_fortieth_network_an_int8_regnet(tmp_path, monkeypatch):
+    """onnxruntime runs int8 grouped convs mostly unfused, group by group in its plain float
+    conv (`conv_g_w8a8_dq`); random networks hold few, of few groups.  A full profile draws
+    every fortieth network (SEEDING_GROUPED, at GROUPED_AT) an int8 RegNet, which holds
+    such convs of tens of groups, both unfused and fused; the other networks, and every
+    network of a profile drawn before, are as they were drawn."""
+    import nasctl.hardware.measure.profile as profile
+    from nasctl.hardware.lut import kernel_type
+    from nasctl.hardware.measure.context import grouped_network
+
+    monkeypatch.setattr(profile, "LARGE_FROM", 100)
+    drawn = [i for i in range(120) if profile.is_grouped(i, profile.SEEDING_GROUPED)]
+    assert drawn == [6, 46, 86]
+    assert not any(profile.is_grouped(i, profile.SEEDING_JOINED) for i in range(120))
+    assert profile.context_network(7, 6, profile.SEEDING_GROUPED)[1].startswith(
+        ("int8 grouped ", "int8 per-channel grouped "))
+    for i in (0, 3, 16, 18, 26, 6):  # the other networks, and a profile drawn before: as they were drawn
+        before = profile.context_network(7, i, profile.SEEDING_JOINED)[0].SerializeToString()
+        assert (profile.context_network(7, i, profile.SEEDING_GROUPED)[0].SerializeToString() == before) == \
+            (i not in drawn)
+    types = Counter()
+    for k in range(8):
+        model, _ = grouped_network(np.random.default_rng([7, k]))
+        onnx.save(model, str(tmp_path / "net.onnx"))
+        layers = import_onnx(tmp_path / "net.onnx").layers
+        assert sum(layer.macs for layer in layers) < 2e8
+        types.update((kernel_type(layer), layer.groups >= 16) for layer in layers
+                     if layer.op == "conv" and 1 < layer.groups < layer.in_ch)
+    assert types[("conv_g_w8a8_dq", True)] >= 3 and types[("conv_g_w8a8", True)] >= 3
 
 
 def test_where_a_classifier_starts_reading_from_memory_does_not_jump_between_two_profiles():

@@ -915,6 +915,18 @@ def joined_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: fl
     return _int8(model, f"joined {kind} {size}px", rng, per_channel=bool(rng.random() < 0.5))
 
 
+def grouped_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: float = 2e7):
+    """An int8 RegNet (`_regnet_net`): grouped convs of tens of groups of 8-24 channels at
+    every resolution, which onnxruntime runs, quantized, mostly unfused in its plain float
+    conv group by group between dequantize and quantize nodes (`conv_g_w8a8_dq`).  Random
+    networks draw few int8 grouped convs (one full profile held five such rows, of 2-9
+    groups), and the int8 RegNetX-200MF's (3-46 groups) were priced at 0.58x their time.
+    Of 20-100 MMAC, weights per tensor or per channel."""
+    budget = float(np.exp(rng.uniform(np.log(min_macs), np.log(max_macs))))
+    model, description = _regnet_net(rng, _pick(rng, SIZES), budget)
+    return _int8(model, f"grouped {description}", rng, per_channel=bool(rng.random() < 0.5))
+
+
 def _stages(blocks: _Blocks, x: str, act: str, next_kind, width_of, repeats: int, at_least_one: bool = False):
     """Stages of blocks until the network's MACs reach its budget (or its maps 4 px, or 120
     kernels): each of `next_kind(the last kind)`, widening by 1-2x (`width_of(rng, near)`),

@@ -24,7 +24,7 @@ import numpy as np
 from ..fit import MEASUREMENTS_FILE
 from .attribution import (FLOOR_MS, MeasuredNetwork, in_context_costs, known_layout, layout_block,
                           measure_networks, measured_network, prepare_networks, reorder_times, tagged_by_kernel)
-from .context import (OPSET, TAG, headed_network, joined_network, mobile_network, multiplier_network,
+from .context import (OPSET, TAG, grouped_network, headed_network, joined_network, mobile_network, multiplier_network,
                       narrow_network, odd_width_network, random_network, strided_network, wide_network)
 from .runner import Protocol, measure_chunks
 from .timing import measure_models
@@ -61,8 +61,9 @@ def reference_networks(n: int = 3) -> list:
 # ODD_EVERY-th from NARROW_AT, and since mobile networks were added (SEEDING_MOBILE), every
 # MOBILE_EVERY-th from MOBILE_AT, and since wide residual networks were added (SEEDING_WIDE),
 # every WIDE_EVERY-th from WIDE_AT, and since int8 networks of max pools on joins were added
-# (SEEDING_JOINED), every JOINED_EVERY-th from JOINED_AT; profiles drawn before build their
-# networks as they were drawn.
+# (SEEDING_JOINED), every JOINED_EVERY-th from JOINED_AT, and since int8 RegNets were added
+# (SEEDING_GROUPED), every GROUPED_EVERY-th from GROUPED_AT; profiles drawn before build
+# their networks as they were drawn.
 SEEDING_PLAIN, SEEDING_LARGE = "per network", "per network, large every 10th"
 SEEDING_ODD = "per network, large every 10th, odd widths every 10th"
 SEEDING_STRIDED = "per network, large every 10th, odd widths every 10th, strided ops every 10th"
@@ -73,14 +74,17 @@ SEEDING_NARROW = SEEDING_MULTIPLIER + ", narrow stems every 10th"
 SEEDING_MOBILE = SEEDING_NARROW + ", mobile every 20th"
 SEEDING_WIDE = SEEDING_MOBILE + ", wide every 20th"
 SEEDING_JOINED = SEEDING_WIDE + ", joined every 20th"
+SEEDING_GROUPED = SEEDING_JOINED + ", int8 grouped every 40th"
 # profiles whose context networks can be built again
 SEEDINGS = (SEEDING_PLAIN, SEEDING_LARGE, SEEDING_ODD, SEEDING_STRIDED, SEEDING_HEADED, SEEDING_ERF,
-            SEEDING_MULTIPLIER, SEEDING_NARROW, SEEDING_MOBILE, SEEDING_WIDE, SEEDING_JOINED)
+            SEEDING_MULTIPLIER, SEEDING_NARROW, SEEDING_MOBILE, SEEDING_WIDE, SEEDING_JOINED,
+            SEEDING_GROUPED)
 LARGE_EVERY, LARGE_FROM = 10, 5000
 ODD_EVERY, ODD_AT, STRIDED_AT, HEADED_AT, MULTIPLIER_AT, NARROW_AT = 10, 4, 7, 1, 2, 5
 MOBILE_EVERY, MOBILE_AT = 20, 8  # half of a slot the random networks held
 WIDE_EVERY, WIDE_AT = 20, 18  # the other half of that slot
 JOINED_EVERY, JOINED_AT = 20, 16  # half of another slot the random networks held
+GROUPED_EVERY, GROUPED_AT = 40, 6  # a quarter of that slot
 LARGE_MACS = (1e8, 1e9)
 LARGE_PREFIX = "large "  # a large network's description starts so
 KNEE_GAIN = 0.02  # the least share of the loss a slope without a working-set knee must take off to be kept
@@ -94,8 +98,9 @@ def seeding_for(kernels: int) -> str:
     networks (`is_large`), odd-width ones (`is_odd_width`), strided-op ones (`is_strided`),
     headed ones (`is_headed`), channel-multiplier ones (`is_multiplier`) and narrow ones
     (`is_narrow`) and mobile ones (`is_mobile`) and wide ones (`is_wide`) and joined ones
-    (`is_joined`) from LARGE_FROM kernels on (a quick profile stays quick)."""
-    return SEEDING_JOINED if kernels >= LARGE_FROM else SEEDING_PLAIN
+    (`is_joined`) and int8 RegNets (`is_grouped`) from LARGE_FROM kernels on (a quick
+    profile stays quick)."""
+    return SEEDING_GROUPED if kernels >= LARGE_FROM else SEEDING_PLAIN
 
 
 def _since(seeding: str, first: str) -> bool:
@@ -162,6 +167,12 @@ def is_joined(index: int, seeding: str) -> bool:
     return _since(seeding, SEEDING_JOINED) and index % JOINED_EVERY == JOINED_AT
 
 
+def is_grouped(index: int, seeding: str) -> bool:
+    """Whether context network `index` is an int8 RegNet (`context.grouped_network`): grouped
+    convs of tens of groups, which onnxruntime runs mostly unfused."""
+    return _since(seeding, SEEDING_GROUPED) and index % GROUPED_EVERY == GROUPED_AT
+
+
 def context_network(seed: int, index: int, seeding: str):
     """The context network `index` of the profile of `seed` drawn by `seeding` (an onnx
     model and a description)."""
@@ -186,6 +197,8 @@ def context_network(seed: int, index: int, seeding: str):
         return wide_network(rng)
     if is_joined(index, seeding):
         return joined_network(rng)
+    if is_grouped(index, seeding):
+        return grouped_network(rng)
     return random_network(rng, erf_gelu=erf)
 
 
