@@ -18,7 +18,8 @@ conv nets whose linear heads hold most of their 2-40 MB of weights (`headed_netw
 conv nets of depthwise convs with a channel multiplier (`multiplier_network`: FastViT,
 MobileOne, Xception), and residual nets of wide dense convs (`wide_network`: ResNet-style
 stages of 64-512 channels), and int8 nets whose stages end in a max pool on a join
-(`joined_network`: SqueezeNet's fire modules, GoogLeNet's inception blocks) -
+(`joined_network`: SqueezeNet's fire modules, GoogLeNet's inception blocks), and int8
+RegNets (`grouped_network`) -
 over inputs of 32-224 px, 3-1024 channels, kernels 1-9 (and patch embeddings), strides
 1-2, dense, grouped and depthwise convs, float32 and int8 (conv nets and transformers
 quantized by onnxruntime's static quantizer, QDQ, weights per tensor or per channel, as
