@@ -918,11 +918,12 @@ def joined_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: fl
 
 def grouped_network(rng: np.random.Generator, max_macs: float = 1e8, min_macs: float = 2e7):
     """An int8 RegNet (`_regnet_net`): grouped convs of tens of groups of 8-24 channels at
-    every resolution, which onnxruntime runs, quantized, mostly unfused in its plain float
-    conv group by group between dequantize and quantize nodes (`conv_g_w8a8_dq`).  Random
-    networks draw few int8 grouped convs (one full profile held five such rows, of 2-9
-    groups), and the int8 RegNetX-200MF's (3-46 groups) were priced at 0.58x their time.
-    Of 20-100 MMAC, weights per tensor or per channel."""
+    every resolution, which onnxruntime runs, quantized, either fused (QLinearConv) or
+    unfused, group by group in its plain float conv between dequantize and quantize nodes
+    (`conv_g_w8a8_dq`).  Random networks draw few int8 grouped convs (one full profile held
+    five unfused rows, of 2-9 groups), and the int8 RegNetX-200MF's unfused ones (3-46
+    groups) were priced at 0.58x their time.  Drawn to 20-100 MMAC (the last block may pass
+    it), weights per tensor or per channel."""
     budget = float(np.exp(rng.uniform(np.log(min_macs), np.log(max_macs))))
     model, description = _regnet_net(rng, _pick(rng, SIZES), budget)
     return _int8(model, f"grouped {description}", rng, per_channel=bool(rng.random() < 0.5))

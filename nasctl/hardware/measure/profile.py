@@ -169,7 +169,7 @@ def is_joined(index: int, seeding: str) -> bool:
 
 def is_grouped(index: int, seeding: str) -> bool:
     """Whether context network `index` is an int8 RegNet (`context.grouped_network`): grouped
-    convs of tens of groups, which onnxruntime runs mostly unfused."""
+    convs of tens of groups, which onnxruntime runs fused or unfused."""
     return _since(seeding, SEEDING_GROUPED) and index % GROUPED_EVERY == GROUPED_AT
 
 
