@@ -1129,7 +1129,25 @@ def test_a_full_profile_draws_every_twentieth_network_a_mobile_one_with_a_first_
     assert {"hardswish", "sigmoid"} <= int8_fns  # int8 hardswishes, and swishes' sigmoids, as published nets hold
 
 
-def test_a_full_profile_draws_every_twentieth_network_of_wide_dense_convs_most_of_them_int8(tmp_path, monkeypatch):
+def _drawn_in_place(profile, is_kind, seeding: str, before: str, every: int, at: int, prefixes: tuple,
+                    others: tuple, count: int = 120) -> list[int]:
+    """The indices of a seeding's own context networks (`is_kind`) among the first `count`,
+    checked: at `at` of every `every`, none in the seeding `before` it, their descriptions
+    starting with one of `prefixes`; the networks at `others` are as `before` drew them, the
+    seeding's own ones not (seed 7)."""
+    drawn = [i for i in range(count) if is_kind(i, seeding)]
+    assert drawn and all(i % every == at for i in drawn)
+    assert not any(is_kind(i, before) for i in range(count))
+    for i in drawn:
+        assert profile.context_network(7, i, seeding)[1].startswith(prefixes)
+    for i in (*others, drawn[0]):
+        same = profile.context_network(7, i, before)[0].SerializeToString() == \
+            profile.context_network(7, i, seeding)[0].SerializeToString()
+        assert same == (i not in drawn)
+    return drawn
+
+
+def test_a_full_profile_draws_every_twentieth_network_of_wide_dense_convs_most_of_them_int8(tmp_path):
     """onnxruntime runs some int8 dense convs unfused, in its plain channels-first float
     conv between dequantize and quantize nodes (`conv_w8a8_dq`), at 1.2-1.4x the blocked
     float conv's time on ResNet-18's maps and 1.3-2.0x for narrow convs or small maps; random
@@ -1143,17 +1161,8 @@ def test_a_full_profile_draws_every_twentieth_network_of_wide_dense_convs_most_o
     from nasctl.hardware.lut import kernel_type
     from nasctl.hardware.measure.context import wide_network
 
-    monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    nets = profile.context_networks(500, seed=7)
-    drawn = [i for i in range(len(nets)) if profile.is_wide(i, profile.SEEDING_WIDE)]
-    assert drawn and all(i % 20 == profile.WIDE_AT for i in drawn)
-    assert not any(profile.is_wide(i, profile.SEEDING_MOBILE) for i in range(len(nets)))
-    for i in drawn:
-        assert nets[i][1].startswith(("wide ", "int8 wide ", "int8 per-channel wide "))
-    for i in (0, 1, 8, 17, 19, drawn[0]):  # the other networks, and a profile drawn before: as they were drawn
-        before = profile.context_network(7, i, profile.SEEDING_MOBILE)[0].SerializeToString()
-        assert (profile.context_network(7, i, profile.SEEDING_WIDE)[0].SerializeToString() == before) == \
-            (i not in drawn)
+    _drawn_in_place(profile, profile.is_wide, profile.SEEDING_WIDE, profile.SEEDING_MOBILE, 20, profile.WIDE_AT,
+                    ("wide ", "int8 wide ", "int8 per-channel wide "), others=(0, 1, 8, 17, 19))
     int8, types = 0, set()
     for k in range(10):
         model, description = wide_network(np.random.default_rng([7, k]))
@@ -1181,16 +1190,8 @@ def test_a_full_profile_draws_every_twentieth_network_int8_with_max_pools_on_joi
 
     monkeypatch.setattr(profile, "LARGE_FROM", 100)
     assert profile.seeding_for(100) == profile.SEEDING_GROUPED
-    nets = profile.context_networks(300, seed=7)
-    drawn = [i for i in range(len(nets)) if profile.is_joined(i, profile.SEEDING_JOINED)]
-    assert drawn and all(i % 20 == profile.JOINED_AT for i in drawn)
-    assert not any(profile.is_joined(i, profile.SEEDING_WIDE) for i in range(len(nets)))
-    for i in drawn:
-        assert nets[i][1].startswith(("int8 joined ", "int8 per-channel joined "))
-    for i in (0, 3, 6, 15, 17, 18, drawn[0]):  # the other networks, and a profile drawn before: as they were drawn
-        before = profile.context_network(7, i, profile.SEEDING_WIDE)[0].SerializeToString()
-        assert (profile.context_network(7, i, profile.SEEDING_JOINED)[0].SerializeToString() == before) == \
-            (i not in drawn)
+    _drawn_in_place(profile, profile.is_joined, profile.SEEDING_JOINED, profile.SEEDING_WIDE, 20, profile.JOINED_AT,
+                    ("int8 joined ", "int8 per-channel joined "), others=(0, 3, 6, 15, 17, 18))
     plain = []
     for k in range(12):
         model, description = joined_network(np.random.default_rng([7, k]))
@@ -1203,7 +1204,7 @@ def test_a_full_profile_draws_every_twentieth_network_int8_with_max_pools_on_joi
     assert max(c for c, _ in plain) >= 128
 
 
-def test_a_full_profile_draws_every_fortieth_network_an_int8_regnet(tmp_path, monkeypatch):
+def test_a_full_profile_draws_every_fortieth_network_an_int8_regnet(tmp_path):
     """onnxruntime runs int8 grouped convs mostly unfused, group by group in its plain float
     conv (`conv_g_w8a8_dq`); random networks hold few, of few groups.  A full profile draws
     every fortieth network (SEEDING_GROUPED, at GROUPED_AT) an int8 RegNet, which holds
@@ -1213,16 +1214,9 @@ def test_a_full_profile_draws_every_fortieth_network_an_int8_regnet(tmp_path, mo
     from nasctl.hardware.lut import kernel_type
     from nasctl.hardware.measure.context import grouped_network
 
-    monkeypatch.setattr(profile, "LARGE_FROM", 100)
-    drawn = [i for i in range(120) if profile.is_grouped(i, profile.SEEDING_GROUPED)]
+    drawn = _drawn_in_place(profile, profile.is_grouped, profile.SEEDING_GROUPED, profile.SEEDING_JOINED, 40,
+                            profile.GROUPED_AT, ("int8 grouped ", "int8 per-channel grouped "), others=(0, 3, 16, 18, 26))
     assert drawn == [6, 46, 86]
-    assert not any(profile.is_grouped(i, profile.SEEDING_JOINED) for i in range(120))
-    assert profile.context_network(7, 6, profile.SEEDING_GROUPED)[1].startswith(
-        ("int8 grouped ", "int8 per-channel grouped "))
-    for i in (0, 3, 16, 18, 26, 6):  # the other networks, and a profile drawn before: as they were drawn
-        before = profile.context_network(7, i, profile.SEEDING_JOINED)[0].SerializeToString()
-        assert (profile.context_network(7, i, profile.SEEDING_GROUPED)[0].SerializeToString() == before) == \
-            (i not in drawn)
     types = Counter()
     for k in range(8):
         model, _ = grouped_network(np.random.default_rng([7, k]))
