@@ -53,7 +53,8 @@ small one, up to the working set past which it slows no further.
 `overhead.weight_stream` (fitted by `hw profile`, `WeightStream`) adds to a
 layer that multiplies one row by its weights (a classifier) what reading them from memory
 instead of the caches costs in a model of its weight bytes, and `overhead.weight_reread`
-the same to a float conv or linear layer of a few output positions (`rereads_weights`).  With
+the same to a float conv or linear layer of a few output positions (`rereads_weights`) whose
+weights stay in the caches when it runs alone (`WeightStream.max_bytes`).  With
 no energy column the device models latency only (`models_energy: false`).
 """
 
@@ -140,6 +141,9 @@ class WeightStream(_Strict):
     max_rows: PositiveInt = 1
     # The fewest weight bytes of a layer the curve prices (the least its fit measured).
     min_bytes: NonNegativeFloat = 0.0
+    # The most (None: no limit): a larger layer's weights leave the caches even when it is
+    # timed alone, so what reading them costs is in its table rows already.
+    max_bytes: Optional[PositiveFloat] = None
 
     def rate(self, weights: float) -> float:
         """Milliseconds per megabyte of weights read in a model of `weights` bytes."""
@@ -152,7 +156,7 @@ class WeightStream(_Strict):
         (0 for a layer that does not stream its weights)."""
         if not (streams_weights(layer, self.convs) if self.max_rows == 1 else rereads_weights(layer, self.max_rows)):
             return 0.0
-        if layer.weight_bytes < self.min_bytes:
+        if layer.weight_bytes < self.min_bytes or (self.max_bytes is not None and layer.weight_bytes > self.max_bytes):
             return 0.0
         return layer.weight_bytes / 1e6 * (self.rate(weights) - self.resident_ms_per_mb)
 

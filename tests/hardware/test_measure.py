@@ -1264,6 +1264,20 @@ def test_where_a_classifier_starts_reading_from_memory_does_not_jump_between_two
     assert all(abs(np.log(m / 12e6)) < np.log(1.25) for m in middles), middles
 
 
+def _rereading(name, layers, resident, first_alone, truth, noise, run_ms, per_node):
+    """A measured network whose layers took `resident` ms with their weights in the caches
+    and `truth`'s excess besides in place (profiled with 3% noise), each from
+    `first_alone` on timed alone at its resident time."""
+    from nasctl.hardware.lut import weight_bytes
+    from nasctl.hardware.measure.attribution import MeasuredNetwork
+
+    w = weight_bytes(layers)
+    excess = [truth.extra_ms(layer, w) for layer in layers]
+    profiled = [(r + e) * float(np.exp(noise.normal(0, 0.03))) + per_node for r, e in zip(resident, excess)]
+    alone = {j: (resident[j] + run_ms, 0.0, 0) for j in range(first_alone, len(layers))}
+    return MeasuredNetwork(name, layers, profiled, [1.0] * len(layers), run_ms + sum(resident) + sum(excess), alone)
+
+
 def test_what_layers_of_a_few_rows_pay_for_reading_their_weights_is_fitted_from_their_alone_times():
     """`weight_reread`: a long kernel timed alone keeps its weights in the caches; profiled
     in its network it pays their reading from memory where the network's weights do not
@@ -1272,7 +1286,6 @@ def test_what_layers_of_a_few_rows_pay_for_reading_their_weights_is_fitted_from_
     and `in_context_costs` given it neither loads the excess on the network's other
     kernels nor leaves it in a profiled layer's cost."""
     from nasctl.hardware.lut import WeightStream, weight_bytes
-    from nasctl.hardware.measure.attribution import MeasuredNetwork
     from nasctl.hardware.measure.profile import weight_reread
 
     truth = WeightStream(cache_bytes=120e6, width=0.5, resident_ms_per_mb=0.0, streamed_ms_per_mb=0.03,
@@ -1286,13 +1299,8 @@ def test_what_layers_of_a_few_rows_pay_for_reading_their_weights_is_fitted_from_
         layers = [LayerSpec("conv", 3, 64, (64, 64), (32, 32), (3, 3), stride=2, name="k0:conv"),
                   LayerSpec("linear", 1024, 1024, (16, 1), (16, 1), name="k1:short")]  # profiled, not alone
         layers += [LayerSpec("linear", dim, dim * 4, (37, 1), (37, 1), name=f"k{j + 2}:mm") for j in range(depth)]
-        w = weight_bytes(layers)
         resident = [0.05, 0.2] + [layer.macs * 1.2e-8 for layer in layers[2:]]
-        excess = [truth.extra_ms(layer, w) for layer in layers]
-        profiled = [(r + e) * float(np.exp(noise.normal(0, 0.03))) + per_node for r, e in zip(resident, excess)]
-        alone = {j: (resident[j] + run_ms, 0.0, 0) for j in range(2, len(layers))}
-        measured.append(MeasuredNetwork(f"net {i}", layers, profiled, [1.0] * len(layers),
-                                        run_ms + sum(resident) + sum(excess), alone))
+        measured.append(_rereading(f"net {i}", layers, resident, 2, truth, noise, run_ms, per_node))
     fitted, how = weight_reread(measured, per_node, run_ms)
     assert fitted is not None, how
     # (a layer holding more than four fifths of its network's weights is left out)
@@ -1312,6 +1320,39 @@ def test_what_layers_of_a_few_rows_pay_for_reading_their_weights_is_fitted_from_
     assert excess_of(big) > 0.05 and costs[big][1] == pytest.approx(0.2, rel=0.1) and plain[big][1] > 0.24
     # a long layer's cost is its alone time either way
     assert costs[big][2:] == pytest.approx(plain[big][2:])
+
+
+def test_layers_too_large_for_the_caches_alone_are_left_out_of_the_rereading_they_do_not_show():
+    """`weight_reread`: a layer whose weights do not stay in the caches even when it runs
+    alone reads them from memory there too, so its time in its network is its alone time.
+    Among networks of 5-600 MB with layers of 1-60 MB that pay the excess up to 12 MB, the
+    fit prices layers up to about 12 MB (`max_bytes`) and recovers the curve."""
+    from nasctl.hardware.lut import WeightStream
+    from nasctl.hardware.measure.profile import weight_reread
+
+    truth = WeightStream(cache_bytes=30e6, width=0.5, resident_ms_per_mb=0.0, streamed_ms_per_mb=0.03,
+                         convs=True, max_rows=64, max_bytes=12e6)
+    draw, noise = np.random.default_rng(5), np.random.default_rng(6)
+    run_ms, per_node = 0.005, 0.001
+    measured = []
+    for i in range(40):
+        depth = int(np.exp(draw.uniform(np.log(2), np.log(20))))
+        dims = draw.integers(256, 2048, size=depth)
+        layers = [LayerSpec("conv", 3, 64, (64, 64), (32, 32), (3, 3), stride=2, name="k0:conv")]
+        layers += [LayerSpec("linear", int(d), int(d) * 4, (37, 1), (37, 1), name=f"k{j + 1}:mm")
+                   for j, d in enumerate(dims)]
+        resident = [0.05] + [layer.macs * 1.2e-8 for layer in layers[1:]]
+        measured.append(_rereading(f"net {i}", layers, resident, 1, truth, noise, run_ms, per_node))
+    fitted, how = weight_reread(measured, per_node, run_ms)
+    assert fitted is not None, how
+    # (the sizes it tries up to are REREAD_CAPS of those drawn, about 20% apart)
+    assert 12e6 * 0.8 <= fitted["max_bytes"] < 12e6 * 1.25 and how["layers_over_it"] > 50, (fitted, how)
+    assert abs(np.log(fitted["cache_bytes"] / 30e6)) < np.log(1.3), fitted
+    assert fitted["resident_ms_per_mb"] < 0.003 and abs(fitted["streamed_ms_per_mb"] / 0.03 - 1) < 0.15, fitted
+    # a layer over the cap pays nothing beyond its table row; one under it does
+    model, big_net = WeightStream(**fitted), 400e6
+    assert model.extra_ms(LayerSpec("linear", 1024, 4096, (37, 1), (37, 1)), big_net) == 0.0  # 16.8 MB
+    assert model.extra_ms(LayerSpec("linear", 512, 2048, (37, 1), (37, 1)), big_net) > 0.1  # 4.2 MB
 
 
 def test_a_weight_streaming_fit_the_solver_gives_up_on_leaves_the_profile_without_it(monkeypatch):

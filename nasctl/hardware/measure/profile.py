@@ -537,13 +537,15 @@ def weight_stream(measured: Sequence[MeasuredNetwork], costs: Sequence[np.ndarra
             {**how, "resident_layers": int(np.sum(size < cache)), "streamed_layers": int(np.sum(size >= cache))})
 
 
-def _stream_curve(points: Sequence[tuple[float, float]], widths: Sequence[float]):
+def _stream_curve(points: Sequence[tuple[float, float]], widths: Sequence[float], grid: int = STREAM_GRID):
     """`lut.WeightStream`'s curve through `points` ((a network's weight bytes, a layer's ms
     per MB) pairs): ((middle, width, low rate, high rate), None), or (None, why not).  The
-    middle is tried at STREAM_GRID points, evenly in log, between the weight bytes of the
+    middle is tried at `grid` points, evenly in log, between the weight bytes of the
     networks of the STREAM_SIDE-th fewest and most, each of `widths`; at each, the two
-    rates by least absolute deviation (`_lad_rates`); the pair of the least deviation is
-    kept."""
+    rates by least absolute deviation (`_lad_rates`); of the pairs whose rate rises with
+    the weights, the one of the least deviation is kept (a curve that falls is no reading
+    from memory: a middle among the few largest networks can fit their layers' spread
+    that way)."""
     from ..lut import WeightStream
 
     if len(points) < 2 * STREAM_SIDE:
@@ -553,27 +555,29 @@ def _stream_curve(points: Sequence[tuple[float, float]], widths: Sequence[float]
     rate = np.array([p[1] for p in points])
     # middles between the STREAM_SIDE-th smallest and largest networks: each side keeps that many layers
     lo, hi = np.log(size[STREAM_SIDE - 1]), np.log(size[-STREAM_SIDE])
-    best = None
+    best, solved = None, False
     for width in widths:
-        for middle in np.exp(np.linspace(lo, hi, STREAM_GRID)) if hi > lo else ():
+        for middle in np.exp(np.linspace(lo, hi, grid)) if hi > lo else ():
             share = np.array([WeightStream(cache_bytes=float(middle), width=width, resident_ms_per_mb=0.0,
                                            streamed_ms_per_mb=1.0).rate(float(w)) for w in size])
             fitted = _lad_rates(share, rate)
             if fitted is None:  # the solver gave up on this middle: the others still count
                 continue
             low, high, loss = fitted
-            if best is None or loss < best[0] - 1e-12:
+            solved = True
+            if high > low and (best is None or loss < best[0] - 1e-12):
                 best = (loss, float(middle), float(width), low, high)
     if best is None:
         return None, ("not fitted: the layers' networks hold too alike weight bytes" if hi <= lo
-                      else "not fitted: the solver found no rates")
-    if best[4] <= best[3]:
-        return None, "not fitted: the layers run no slower in networks of more weights"
+                      else "not fitted: the solver found no rates" if not solved
+                      else "not fitted: the layers run no slower in networks of more weights")
     return best[1:], None
 
 
 REREAD_ROWS = 64  # the most output positions of a layer `weight_reread` prices (`lut.rereads_weights`)
 REREAD_WIDTHS = (0.2, 0.5, 1.0)  # the widths of its change tried, in e-folds of a model's weight bytes
+REREAD_CAPS = 24  # the most layer sizes it is tried up to (the largest measured at or under each of as many, even in log)
+REREAD_CAP_GRID = 12  # the middles of its change tried while choosing that size (STREAM_GRID once chosen)
 
 
 def weight_reread(measured: Sequence[MeasuredNetwork], per_node: float, run_ms: float) -> tuple[Optional[dict], dict]:
@@ -589,14 +593,24 @@ def weight_reread(measured: Sequence[MeasuredNetwork], per_node: float, run_ms: 
     Per megabyte of its weights, that excess is fitted as a curve of the network's weight
     bytes (`_stream_curve`, its width too, of REREAD_WIDTHS), on the layers of at least
     STREAM_MIN_BYTES that hold at most STREAM_MAX_SHARE of their network's weights; it
-    prices layers of at least STREAM_MIN_BYTES (what smaller ones pay, it did not measure).  Seen
+    prices layers of at least STREAM_MIN_BYTES (what smaller ones pay, it did not measure).
+    A layer too large for the caches reads its weights from memory alone too, and shows no
+    excess: the curve prices layers of at most `max_bytes`, the layer size (of REREAD_CAPS
+    of those measured, spread evenly in log, or none) whose curve, fitted to the layers up
+    to it (REREAD_CAP_GRID middles), leaves the least absolute deviation over all of them,
+    the larger ones taken at the curve's resident rate (on a
+    32 MB-L3 EPYC VM: 15-17 MB; layers of 2-10 MB ran 0.01-0.05 ms/MB slower in networks
+    of 15-200 MB, layers of 18-80 MB within 0.006 of their alone time; with those priced
+    alike, the curve of least deviation fell with the network's weights, the profile was left
+    without one, and MobileNetV2-1.4 at 32 px, whose 1x1 convs
+    of 1-3 MB on 2x2 maps took 1.7-1.9x their price, was priced 18-26% low).  Seen
     on a 2-vCPU cloud VM: about 0 up to 50 MB of a network's weights, 0.01-0.02 ms/MB at
     80-120 MB, 0.02-0.04 at 170-510 MB; without it ViT-B/16 (345 MB) was priced 24% under
     its time, its linear layers of 37 tokens 0.03-0.04 ms/MB each.  Layers of 256 tokens
     or more showed none in ConvNeXt-tiny (114 MB), whose 16- and 64-token ones did."""
-    from ..lut import rereads_weights, weight_bytes
+    from ..lut import WeightStream, rereads_weights, weight_bytes
 
-    points = []
+    points = []  # (the network's weight bytes, the layer's, its excess in ms per MB)
     for m in measured:
         weights = weight_bytes(m.layers)
         for j, (ms, besides_ms, besides) in m.alone.items():
@@ -606,18 +620,36 @@ def weight_reread(measured: Sequence[MeasuredNetwork], per_node: float, run_ms: 
                 continue
             in_network = m.layer_ms[j] - per_node * m.layer_nodes[j]
             resident = ms - run_ms - (besides_ms - per_node * besides)
-            points.append((weights, (in_network - resident) / (size / 1e6)))
+            points.append((weights, size, (in_network - resident) / (size / 1e6)))
     how = {"layers": len(points), "max_rows": REREAD_ROWS, "min_weight_bytes": STREAM_MIN_BYTES,
            "max_share": STREAM_MAX_SHARE, "how": "profiled in the network less timed alone, per MB; "
-                                                 "curve, least absolute deviation"}
-    fitted, note = _stream_curve(points, REREAD_WIDTHS)
-    if fitted is None:
+                                                 "curve, least absolute deviation, up to the layer size of least"}
+    best, note = None, f"not fitted: {len(points)} layers (fewer than {2 * STREAM_SIDE})"
+    sizes = sorted({p[1] for p in points})
+    grid = np.exp(np.linspace(np.log(sizes[0]), np.log(sizes[-1]), REREAD_CAPS)) if sizes else []
+    for cap in sorted({max(s for s in sizes if s <= g * (1 + 1e-9)) for g in grid}):
+        inside = [(w, r) for w, s, r in points if s <= cap]
+        if len(inside) < 2 * STREAM_SIDE:
+            continue
+        fitted, note = _stream_curve(inside, REREAD_WIDTHS, REREAD_CAP_GRID)
+        if fitted is None:
+            continue
+        cache, width, low, high = fitted
+        curve = WeightStream(cache_bytes=cache, width=width, resident_ms_per_mb=low, streamed_ms_per_mb=high)
+        loss = sum(abs(r - (curve.rate(w) if s <= cap else low)) for w, s, r in points)
+        if best is None or loss < best[0] - 1e-12:
+            best = (loss, cap, fitted)
+    if best is None:
         return None, {**how, "note": note}
-    cache, width, low, high = fitted
+    cap = best[1]
+    fitted, _ = _stream_curve([(w, r) for w, s, r in points if s <= cap], REREAD_WIDTHS)
+    cache, width, low, high = fitted or best[2]
+    capped = cap < sizes[-1]
     return ({"cache_bytes": round(cache, 1), "width": width, "resident_ms_per_mb": round(low, 6),
              "streamed_ms_per_mb": round(high, 6), "convs": True, "max_rows": REREAD_ROWS,
-             "min_bytes": STREAM_MIN_BYTES},
-            {**how, "width": width, "networks": len({p[0] for p in points})})
+             "min_bytes": STREAM_MIN_BYTES, **({"max_bytes": cap} if capped else {})},
+            {**how, "width": width, "networks": len({p[0] for p in points}),
+             "max_weight_bytes": cap if capped else None, "layers_over_it": sum(p[1] > cap for p in points)})
 
 
 def _lad_rates(share: np.ndarray, rate: np.ndarray) -> Optional[tuple[float, float, float]]:
