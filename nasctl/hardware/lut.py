@@ -918,7 +918,7 @@ class LutDevice(CostModel):
         # kernel type -> the work of its largest kernel (saved with the regressors)
         self._largest: dict[str, float] = {k: float(v) for k, v in ((doc or {}).get("largest") or {}).items()
                                            if k in self._rows}
-        self._rate: dict[str, float] = {}  # kernel type -> `_largest_rate`
+        self._rate: dict = {}  # kernel type -> `_largest_rate`; (type, sub-kind) -> `_sub_kind_rate`
         self._largest_fn: dict[tuple[str, str], float] = {}  # (kernel type, sub-kind) -> its largest work
         self._row_layers: dict[str, tuple[list[LayerSpec], np.ndarray]] = {}  # `_layers_of`
 
@@ -1121,16 +1121,44 @@ class LutDevice(CostModel):
 
     def _bound_factor(self, ktype: str, layers: Sequence[LayerSpec], ms: np.ndarray) -> np.ndarray:
         """What brings the regressed price of a layer larger than its type's largest kernel
-        down to at most BOUND times the time per unit of work of the largest ones, 1
+        down to at most BOUND times the time per unit of work of the largest ones, and that
+        of a layer of an op whose sub-kind is the computation larger than its sub-kind's
+        largest kernel up to at least their time per unit of work (`_sub_kind_rate`), 1
         elsewhere: beyond the measured sizes a kernel's time grows about in proportion to
         its work, where a regressor fitted mostly to small kernels can extrapolate its
-        log-linear trend a hundredfold."""
+        log-linear trend a hundredfold, or another sub-kind's."""
         work = _work(layers)
         factor = np.ones(len(layers))
         beyond = work > self._largest_work(ktype)
         if beyond.any():
             factor[beyond] = np.minimum(ms[beyond], self.BOUND * self._largest_rate(ktype) * work[beyond]) / ms[beyond]
+        for i, layer in enumerate(layers):
+            if layer.op in _FN_IS_THE_OP and work[i] > self._largest_of(ktype, layer.fn) > 0:
+                factor[i] = max(factor[i], self._sub_kind_rate(ktype, layer.fn) * work[i] / ms[i])
         return factor
+
+    # The least time of a sub-kind's largest kernel for its time per unit of work to bound
+    # larger ones' prices from below (`_sub_kind_rate`): a kernel's fixed cost, about a
+    # microsecond, is then a tenth of it at most.
+    FLOOR_MIN_MS = 0.01
+
+    def _sub_kind_rate(self, ktype: str, fn: str) -> float:
+        """The median time per unit of work of the type's three largest kernels of the
+        sub-kind `fn` (an activation, a pool, a norm, a data movement, a resize: an op
+        whose sub-kind is the computation itself), 0 where the largest took under
+        FLOOR_MIN_MS.  A layer of such an op beyond its sub-kind's largest kernel is priced
+        at least that rate times its work (`_bound_factor`): these kernels move every element
+        through memory, and a larger tensor runs no faster per element.  A type's regressor
+        prices such a layer from all its sub-kinds' rows, and can put it at a fraction of
+        its own kernels' rate: PVT-v2's stand-alone GELUs of 410,000 elements at 0.16 ns
+        each, beside the table's largest GELUs (55,000) at 0.64 and their 0.58 in place."""
+        if (ktype, fn) not in self._rate:
+            rows, (layers, work) = self._rows[ktype], self._layers_of(ktype)
+            mine = sorted((w, rows[i]["latency_ms"]) for i, (layer, w) in enumerate(zip(layers, work))
+                          if layer.fn == fn and w > 0)[-3:]
+            self._rate[ktype, fn] = (float(np.median([ms / w for w, ms in mine]))
+                                     if mine and mine[-1][1] >= self.FLOOR_MIN_MS else 0.0)
+        return self._rate[ktype, fn]
 
     def _largest_rate(self, ktype: str) -> float:
         """The median time per unit of work of the type's three largest kernels."""

@@ -289,6 +289,29 @@ def test_a_price_beyond_the_largest_kernel_grows_at_most_twice_as_fast_as_their_
     assert dev.estimate([beyond]).latency_ms == pytest.approx(2.0 * rate * 2 * 96 * 112 * 112, rel=0.05)
 
 
+def test_an_activation_beyond_its_own_largest_kernels_costs_at_least_their_time_per_element(rows):
+    # A type's regressor prices an activation from all its sub-kinds' rows: here one that
+    # gives every layer a microsecond, as cheap relus many times larger could.  A gelu
+    # beyond the table's largest gelus (their time per element 0.6 ns) is priced at least at
+    # their rate; one within their sizes as regressed; and a sub-kind whose largest kernel
+    # took under FLOOR_MIN_MS (fixed cost mostly) sets no floor.
+    gelu = [row_from_layer(LayerSpec("act", c, c, (t, 1), (t, 1), fn="gelu"), c * t * 6e-7)
+            for c, t in ((32, 49), (64, 196), (128, 196), (384, 144))]
+    sigmoid = [row_from_layer(LayerSpec("act", c, c, (1, 1), (1, 1), fn="sigmoid"), 1e-3) for c in (8, 16, 32)]
+    dev = device(rows + gelu + sigmoid)
+
+    class Flat:
+        def predict(self, layers):
+            return np.full(len(layers), np.log(1e-3))
+
+    dev._models["act"] = [Flat()]
+    assert dev.FLOOR_MIN_MS == 0.01
+    beyond = LayerSpec("act", 256, 256, (1600, 1), (1600, 1), fn="gelu")  # 410,000 elements, 7.4x the largest
+    assert dev.estimate([beyond]).latency_ms == pytest.approx(256 * 1600 * 6e-7, rel=0.05)
+    assert dev.estimate([LayerSpec("act", 64, 64, (100, 1), (100, 1), fn="gelu")]).latency_ms == pytest.approx(1e-3)
+    assert dev.estimate([LayerSpec("act", 64, 64, (4, 4), (4, 4), fn="sigmoid")]).latency_ms == pytest.approx(1e-3)
+
+
 def test_ridge_holds_a_new_layers_features_within_the_fitted_range():
     # Pools nearly all 2x2: the one 3x3 row, ten times dearer, gives the kernel-area feature a
     # steep weight; a 9x9 pool must not be extrapolated along it to an absurd price.
