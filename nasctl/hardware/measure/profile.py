@@ -598,12 +598,12 @@ def weight_reread(measured: Sequence[MeasuredNetwork], per_node: float, run_ms: 
     excess: the curve prices layers of at most `max_bytes`, the layer size (of REREAD_CAPS
     of those measured, spread evenly in log, or none) whose curve, fitted to the layers up
     to it (REREAD_CAP_GRID middles), leaves the least absolute deviation over all of them,
-    the larger ones taken at the curve's resident rate (on a
-    32 MB-L3 EPYC VM: 15-17 MB; layers of 2-10 MB ran 0.01-0.05 ms/MB slower in networks
-    of 15-200 MB, layers of 18-80 MB within 0.006 of their alone time; with those priced
-    alike, the curve of least deviation fell with the network's weights, the profile was left
-    without one, and MobileNetV2-1.4 at 32 px, whose 1x1 convs
-    of 1-3 MB on 2x2 maps took 1.7-1.9x their price, was priced 18-26% low).  Seen
+    the larger ones taken at the curve's resident rate.  On a 32 MB-L3 EPYC VM it came out
+    at 16.8 MB in two profiles: layers of 2-10 MB ran 0.01-0.07 ms/MB slower in networks of
+    15-200 MB, layers of 18-81 MB within 0.006 of their alone time.  Priced alike, those
+    made the curve of least deviation fall with the network's weights, the profiles were
+    left without one, and MobileNetV2-1.4 at 32 px, whose 1x1 convs of 1-3 MB on 2x2 maps
+    took 1.7-1.9x their price, was priced 18-26% low.  Seen
     on a 2-vCPU cloud VM: about 0 up to 50 MB of a network's weights, 0.01-0.02 ms/MB at
     80-120 MB, 0.02-0.04 at 170-510 MB; without it ViT-B/16 (345 MB) was priced 24% under
     its time, its linear layers of 37 tokens 0.03-0.04 ms/MB each.  Layers of 256 tokens
@@ -623,7 +623,7 @@ def weight_reread(measured: Sequence[MeasuredNetwork], per_node: float, run_ms: 
             points.append((weights, size, (in_network - resident) / (size / 1e6)))
     how = {"layers": len(points), "max_rows": REREAD_ROWS, "min_weight_bytes": STREAM_MIN_BYTES,
            "max_share": STREAM_MAX_SHARE, "how": "profiled in the network less timed alone, per MB; "
-                                                 "curve, least absolute deviation, up to the layer size of least"}
+                                                 "curve, least absolute deviation, up to the layer size of least deviation"}
     best, note = None, f"not fitted: {len(points)} layers (fewer than {2 * STREAM_SIDE})"
     sizes = sorted({p[1] for p in points})
     grid = np.exp(np.linspace(np.log(sizes[0]), np.log(sizes[-1]), REREAD_CAPS)) if sizes else []
