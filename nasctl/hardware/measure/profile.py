@@ -599,7 +599,8 @@ def weight_reread(measured: Sequence[MeasuredNetwork], per_node: float, run_ms: 
     of those measured, spread evenly in log, or none) whose curve, fitted to the layers up
     to it (REREAD_CAP_GRID middles), leaves the least absolute deviation over all of them,
     the larger ones taken at the curve's resident rate.  On a 32 MB-L3 EPYC VM it came out
-    at 16.8 MB in two profiles: layers of 2-10 MB ran 0.01-0.07 ms/MB slower in networks of
+    at 16.8 MB in two profiles and 5.3 MB in a third (the deviation changes little between
+    them): layers of 2-10 MB ran 0.01-0.07 ms/MB slower in networks of
     15-200 MB, layers of 18-81 MB within 0.006 of their alone time.  Priced alike, those
     made the curve of least deviation fall with the network's weights, the profiles were
     left without one, and MobileNetV2-1.4 at 32 px, whose 1x1 convs of 1-3 MB on 2x2 maps
