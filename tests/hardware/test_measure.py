@@ -1325,7 +1325,7 @@ def test_what_layers_of_a_few_rows_pay_for_reading_their_weights_is_fitted_from_
 def test_layers_too_large_for_the_caches_alone_are_left_out_of_the_rereading_they_do_not_show():
     """`weight_reread`: a layer whose weights do not stay in the caches even when it runs
     alone reads them from memory there too, so its time in its network is its alone time.
-    Among networks of 5-600 MB with layers of 1-60 MB that pay the excess up to 12 MB, the
+    Among networks of up to a gigabyte with layers of 1-67 MB that pay the excess up to 12 MB, the
     fit prices layers up to about 12 MB (`max_bytes`) and recovers the curve."""
     from nasctl.hardware.lut import WeightStream
     from nasctl.hardware.measure.profile import weight_reread
