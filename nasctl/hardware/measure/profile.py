@@ -576,7 +576,8 @@ def _stream_curve(points: Sequence[tuple[float, float]], widths: Sequence[float]
 
 REREAD_ROWS = 64  # the most output positions of a layer `weight_reread` prices (`lut.rereads_weights`)
 REREAD_WIDTHS = (0.2, 0.5, 1.0)  # the widths of its change tried, in e-folds of a model's weight bytes
-REREAD_CAPS = 24  # the most layer sizes it is tried up to (the largest measured at or under each of as many, even in log)
+# the most layer sizes it is tried up to: the largest measured at or under each of as many, even in log
+REREAD_CAPS = 24
 REREAD_CAP_GRID = 12  # the middles of its change tried while choosing that size (STREAM_GRID once chosen)
 
 
@@ -600,15 +601,15 @@ def weight_reread(measured: Sequence[MeasuredNetwork], per_node: float, run_ms: 
     to it (REREAD_CAP_GRID middles), leaves the least absolute deviation over all of them,
     the larger ones taken at the curve's resident rate.  On a 32 MB-L3 EPYC VM it came out
     at 16.8 MB in two profiles and 5.3 MB in a third (the deviation changes little between
-    them): layers of 2-10 MB ran 0.01-0.07 ms/MB slower in networks of
-    15-200 MB, layers of 18-81 MB within 0.006 of their alone time.  Priced alike, those
-    made the curve of least deviation fall with the network's weights, the profiles were
-    left without one, and MobileNetV2-1.4 at 32 px, whose 1x1 convs of 1-3 MB on 2x2 maps
-    took 1.7-1.9x their price, was priced 18-26% low.  Seen
-    on a 2-vCPU cloud VM: about 0 up to 50 MB of a network's weights, 0.01-0.02 ms/MB at
-    80-120 MB, 0.02-0.04 at 170-510 MB; without it ViT-B/16 (345 MB) was priced 24% under
-    its time, its linear layers of 37 tokens 0.03-0.04 ms/MB each.  Layers of 256 tokens
-    or more showed none in ConvNeXt-tiny (114 MB), whose 16- and 64-token ones did."""
+    them): layers of 2-10 MB ran 0.01-0.07 ms/MB slower in networks of 15-200 MB, layers of
+    18-81 MB within 0.006 of their alone time.  Priced alike, those made the curve of least
+    deviation fall with the network's weights, the profiles were left without one, and
+    MobileNetV2-1.4 at 32 px, whose 1x1 convs of 1-3 MB on 2x2 maps took 1.7-1.9x their
+    price, was priced 18-26% low.  Seen on a 2-vCPU cloud VM: about 0 up to 50 MB of a
+    network's weights, 0.01-0.02 ms/MB at 80-120 MB, 0.02-0.04 at 170-510 MB; without it
+    ViT-B/16 (345 MB) was priced 24% under its time, its linear layers of 37 tokens
+    0.03-0.04 ms/MB each.  Layers of 256 tokens or more showed none in ConvNeXt-tiny
+    (114 MB), whose 16- and 64-token ones did."""
     from ..lut import WeightStream, rereads_weights, weight_bytes
 
     points = []  # (the network's weight bytes, the layer's, its excess in ms per MB)
@@ -623,8 +624,9 @@ def weight_reread(measured: Sequence[MeasuredNetwork], per_node: float, run_ms: 
             resident = ms - run_ms - (besides_ms - per_node * besides)
             points.append((weights, size, (in_network - resident) / (size / 1e6)))
     how = {"layers": len(points), "max_rows": REREAD_ROWS, "min_weight_bytes": STREAM_MIN_BYTES,
-           "max_share": STREAM_MAX_SHARE, "how": "profiled in the network less timed alone, per MB; "
-                                                 "curve, least absolute deviation, up to the layer size of least deviation"}
+           "max_share": STREAM_MAX_SHARE,
+           "how": "profiled in the network less timed alone, per MB; curve, least absolute deviation, "
+                  "up to the layer size of least deviation"}
     best, note = None, f"not fitted: {len(points)} layers (fewer than {2 * STREAM_SIDE})"
     sizes = sorted({p[1] for p in points})
     grid = np.exp(np.linspace(np.log(sizes[0]), np.log(sizes[-1]), REREAD_CAPS)) if sizes else []
