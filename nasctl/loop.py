@@ -47,7 +47,7 @@ class Trials(Protocol):
     def n_claimed(self) -> int: ...
     def finished_rows(self) -> list[dict]: ...
     def failed_keys(self) -> set[str]: ...
-    def start(self, arch: dict, key: str): ...
+    def start(self, arch: dict, key: str, budget: int | None = None): ...
     def finish(self, trial, row: dict, values: Sequence[float], violations: dict[str, float]) -> int: ...
     def fail(self, trial, reason: str, *, counts: bool = True) -> None: ...
     def stop(self, trial) -> None: ...
@@ -74,8 +74,8 @@ class MemoryTrials:
     def failures(self) -> list[str]:
         return [reason for reason, _ in self._failed.values()]
 
-    def start(self, arch: dict, key: str) -> str:
-        self._running.add(key)
+    def start(self, arch: dict, key: str, budget: int | None = None) -> str:
+        self._running.add(key)  # one process: the loop's own check keeps to the budget
         return key
 
     def _end(self, key: str) -> int:
@@ -156,8 +156,8 @@ def search_loop(space: SearchSpace, strategy, trials: Trials, evaluate: Callable
         for key, arch in candidates.items():
             if key in skipped or key in unpriced or trials.n_claimed() >= budget:
                 continue
-            trial = trials.start(arch, key)
-            if trial is None:  # another worker has it: its result, if finished, is told as ours
+            trial = trials.start(arch, key, budget)
+            if trial is None:  # another worker has it (its result, if finished, is told as ours), or the budget is spent
                 seen.update((r["arch"], r) for r in trials.finished_rows() if r["arch"] not in seen)
                 continue
             try:

@@ -253,10 +253,12 @@ class TrialStore:
             self.study.tell(t.number, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
         return len(stale)
 
-    def start(self, arch: Mapping, key: str):
+    def start(self, arch: Mapping, key: str, budget: int | None = None):
         """Open a trial for `arch` (marked running, so other workers count it), or None
-        where another worker claimed the same architecture first: of two workers racing
-        for one candidate, the lower trial number keeps it."""
+        where another worker claimed the same architecture first (of two workers racing
+        for one candidate, the lower trial number keeps it), or where `budget` trials were
+        already claimed before this one (two workers that each saw one trial left both
+        open one; the later is stopped, so the search never runs past its budget)."""
         optuna = self._optuna
         ts = optuna.trial.TrialState
         # One write: the trial is created running with the architecture as its params and
@@ -266,11 +268,17 @@ class TrialStore:
             state=ts.RUNNING, params={name: arch[name] for name in self._distributions},
             distributions=self._distributions, user_attrs={"arch": key, "worker": self.worker})
         trial = optuna.trial.Trial(self.study, self._storage.create_new_trial(self._study_id, template_trial=template))
+        before = 0  # trials claimed before this one
         for t in self.study.get_trials(deepcopy=False, states=(ts.COMPLETE, ts.RUNNING, ts.FAIL)):
-            if t.number < trial.number and (t.state != ts.FAIL or "error" in t.user_attrs) \
-                    and len(t.params) == len(arch) and _key_of(t) == key:
+            if t.number >= trial.number or (t.state == ts.FAIL and "error" not in t.user_attrs):
+                continue
+            if len(t.params) == len(arch) and _key_of(t) == key:
                 self.stop(trial)
                 return None
+            before += t.state != ts.FAIL or t.user_attrs.get("counts", True)
+        if budget is not None and before >= budget:
+            self.stop(trial)
+            return None
         return trial
 
     def finish(self, trial, row: Mapping, values: Sequence[float], violations: Mapping[str, float]) -> int:
