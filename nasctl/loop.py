@@ -157,7 +157,8 @@ def search_loop(space: SearchSpace, strategy, trials: Trials, evaluate: Callable
             if key in skipped or key in unpriced or trials.n_claimed() >= budget:
                 continue
             trial = trials.start(arch, key, budget)
-            if trial is None:  # another worker has it (its result, if finished, is told as ours), or the budget is spent
+            if trial is None:  # the budget is spent, or another worker has it (its result, if
+                # finished, is told as ours)
                 seen.update((r["arch"], r) for r in trials.finished_rows() if r["arch"] not in seen)
                 continue
             try:

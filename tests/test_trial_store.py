@@ -1,4 +1,5 @@
-"""The optuna study of a run: it names its objectives (optuna-dashboard labels its plots with them), and workers sharing it keep to the budget."""
+"""The optuna study of a run: it names its objectives (optuna-dashboard labels its plots with
+them), and workers sharing it keep to the budget."""
 
 import warnings
 
