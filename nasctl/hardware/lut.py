@@ -92,7 +92,7 @@ MIN_COST = {"latency_ms": 1e-6, ENERGY_COLUMN: 1e-12}
 REGRESSORS = ("additive", "ridge", "boost", "nearest")
 MIN_ROWS = {"additive": 1, "ridge": 12, "boost": 40, "nearest": 5}  # fewest rows each regressor is fitted on
 REGRESSORS_FILE = "regressors.json"  # boosted trees fitted to the table, beside it
-REGRESSORS_FORMAT = 7  # what save_regressors writes; older files are read with their types taken again
+REGRESSORS_FORMAT = 8  # what save_regressors writes; older files are read with their types taken again
 KERNEL_FLOOR_MS = 1e-4  # the least a kernel is priced at after a negative per-kernel offset (0.1 µs)
 REPLACED_BY_REORDER = "layout reorder"  # the mapping of a layer a layout reorder runs in place of
 
@@ -516,7 +516,12 @@ def _padded_macs(layer: LayerSpec) -> int:
     if layer.op != "conv" or layer.groups != 1:
         return layer.macs
     up = lambda c: -(-c // BLOCK) * BLOCK  # noqa: E731
-    cin = up(layer.in_ch) if layer.in_ch >= 8 else layer.in_ch
+    # Input channels are padded only from a whole block up: onnxruntime runs a conv of fewer
+    # in its kernel that reads the input channels first, as they are (8 -> 32 channels, 3x3
+    # at 47x47: 115 µs here against 187 µs for 16 -> 32, 22.7 and 18.3 ps per MAC), and pads
+    # more, not a whole block (20 and 24 channels cost what 32 do).  (`_padded_macs` counted
+    # 8-15 channels as 16 before REGRESSORS_FORMAT 8.)
+    cin = up(layer.in_ch) if layer.in_ch >= BLOCK else layer.in_ch
     return layer.out_hw[0] * layer.out_hw[1] * up(layer.out_ch) * cin * layer.kernel[0] * layer.kernel[1]
 
 
@@ -816,19 +821,36 @@ def _saved_doc(table: Optional[Path]) -> Optional[dict]:
         digest = hashlib.sha256(Path(table).read_bytes()).hexdigest()
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("format") not in (1, 3, 4, 5, 6, 7) or data.get("table") != digest:
+    if not isinstance(data, dict) or data.get("format") not in (1, 3, 4, 5, 6, 7, 8) or data.get("table") != digest:
         return None
-    if data["format"] < REGRESSORS_FORMAT:  # before grouped (5), channel-by-channel depthwise (6) and
-        data = _retyped(data)               # channel-multiplier (7) convs had types of their own
+    if data["format"] < 7:  # before grouped (5), channel-by-channel depthwise (6) and
+        data = _retyped(data)  # channel-multiplier (7) convs had types of their own
+    if data["format"] < 8:
+        data = _repadded(data)
     return data
 
 
+def _repadded(data: dict) -> dict:
+    """A `regressors.json` of format 7 or older, read as format 8: the regressors of the
+    kernel types holding dense convs of 8-15 input channels, whose padded MACs (a feature,
+    and the work of nearest-neighbour regressors) changed, dropped (fitted again when first
+    needed)."""
+    merged = data.get("merged")
+    if not merged:
+        return data  # (no merged rows before format 4: `_retyped` dropped every conv type)
+    c = merged["columns"]
+    changed = {t for t, op, g, cin in zip(merged["types"], c["op"], c["groups"], c["in_ch"])
+               if op == "conv" and g == 1 and 8 <= cin < BLOCK}
+    return {**data, "types": {k: v for k, v in data.get("types", {}).items() if k not in changed},
+            "largest": {k: v for k, v in (data.get("largest") or {}).items() if k not in changed}}
+
+
 def _retyped(data: dict) -> dict:
-    """A `regressors.json` of format 6 or older, read as format 7: its kernels' types taken
-    again (grouped convs were among the dense ones before format 5, depthwise convs run
-    channel by channel among the others before 6, depthwise convs with a channel multiplier
-    among the depthwise ones before 7), and the regressors of the types whose rows changed
-    dropped (fitted again when first needed)."""
+    """A `regressors.json` of format 6 or older, read as format 7 (then as 8, `_repadded`):
+    its kernels' types taken again (grouped convs were among the dense ones before format
+    5, depthwise convs run channel by channel among the others before 6, depthwise convs
+    with a channel multiplier among the depthwise ones before 7), and the regressors of the
+    types whose rows changed dropped (fitted again when first needed)."""
     merged = data.get("merged")
     if not merged:
         return {**data, "types": {k: v for k, v in data.get("types", {}).items() if not k.startswith("conv")}}

@@ -205,7 +205,7 @@ def test_fitted_regressors_are_saved_beside_the_table_and_reused_only_for_it(tmp
     assert loaded.estimate(unseen).latency_ms == pytest.approx(fitted.latency_ms, rel=1e-9)
     # the table's distinct kernels come from the saved file too (faster than the CSV), as the CSV gives them
     from_csv = device(read_lut(tmp_path / "lut.csv"), **spec)
-    assert saved["format"] == 7 and loaded._exact == from_csv._exact
+    assert saved["format"] == 8 and loaded._exact == from_csv._exact
     assert sorted(loaded._rows) == sorted(from_csv._rows)
     assert all(loaded._rows[k] == from_csv._rows[k] for k in from_csv._rows)
     # so is the largest kernel of each type (what decides whether a type covers a layer)
@@ -820,7 +820,7 @@ def test_regressors_saved_before_channel_by_channel_depthwise_convs_had_a_type_a
     table = rows + depthwise_rows((16, 32, 64), (7, 14, 28), blocked) + depthwise_rows((18, 58), (7, 14), per_channel)
     write_device(tmp_path, FittedDevice("t", spec, table))
     doc = json.loads((tmp_path / "regressors.json").read_text())
-    assert doc["format"] == 7 and "conv_dw_nchw" in doc["types"]
+    assert doc["format"] == 8 and "conv_dw_nchw" in doc["types"]
     fresh = device(read_lut(tmp_path / "lut.csv"), **spec)
     layers = [conv(58, 58, 28, groups=58, fn=""), conv(48, 48, 20, groups=48, fn=""), conv(48, 96, 24)]
     saved = LutDevice.from_dict({"name": "t", **spec}, tmp_path)  # its regressors restored, a call per channel
@@ -834,7 +834,7 @@ def test_regressors_saved_before_channel_by_channel_depthwise_convs_had_a_type_a
     assert "conv_dw" not in old._saved and "conv" in old._saved  # conv_dw lost rows: fitted again
     assert old.estimate(layers).latency_ms == pytest.approx(fresh.estimate(layers).latency_ms, rel=1e-9)
     # ... once: the file was written again as this version writes it, so the next start fits nothing
-    assert json.loads((tmp_path / "regressors.json").read_text())["format"] == 7
+    assert json.loads((tmp_path / "regressors.json").read_text())["format"] == 8
     again = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
     assert {"conv_dw", "conv_dw_nchw", "conv"} <= set(again._saved)
     assert again.estimate(layers).latency_ms == pytest.approx(fresh.estimate(layers).latency_ms, rel=1e-9)
@@ -936,3 +936,41 @@ def test_a_saved_device_prices_with_nearest_neighbours_without_fitting_or_scipy(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert float(out[0]) == pytest.approx(expected, rel=1e-9)
     assert out[1] == "nearest" and out[-1] == "False"  # its fixed work was saved: no least-squares fit
+
+
+def test_a_dense_conv_of_fewer_input_channels_than_a_vector_block_is_priced_by_its_own_work(tmp_path):
+    """onnxruntime runs a dense conv of fewer input channels than a vector block (16 floats)
+    on its input as it is, and pads more to whole blocks (here 8 -> 32 channels, 3x3 at
+    47x47, took 115 µs, 16 -> 32 187 µs, and 20 or 24 -> 32 what 32 -> 32 did): a conv of 8
+    input channels costs half of one of 16, not the same.  Regressors saved before (format
+    7), which counted 8-15 channels as 16, are fitted again for the types holding them."""
+    import json
+
+    from nasctl.hardware.fit import FittedDevice, write_device
+    from nasctl.hardware.lut import BLOCK
+
+    up = lambda c: -(-c // BLOCK) * BLOCK  # noqa: E731
+
+    def truth(layer):
+        cin = up(layer.in_ch) if layer.in_ch >= BLOCK else layer.in_ch
+        return 1e-3 + 2e-8 * (layer.macs // layer.in_ch * cin)
+
+    rng = np.random.default_rng(0)
+    table = [row_from_layer(layer, truth(layer) * rng.uniform(0.98, 1.02))
+             for cin in (3, 4, 6, 10, 12, 14, 16, 20, 24, 32, 48, 64) for cout in (16, 32, 64) for hw in (8, 16, 32, 64)
+             for layer in [conv(cin, cout, hw)]]
+    table += [row_from_layer(LayerSpec("add", 32, 32, (hw, hw), (hw, hw)), 1e-3 + hw * hw * 32e-7) for hw in (8, 16, 32)]
+    spec = {"kind": "lut", "lut": "lut.csv", "regressors": {"conv": "nearest", "add": "ridge"}}
+    write_device(tmp_path, FittedDevice("t", spec, table))
+    fresh = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
+    for layer in (conv(8, 32, 47), conv(8, 48, 24), conv(24, 32, 47), conv(3, 32, 47)):  # shapes the table lacks
+        assert fresh.estimate([layer]).latency_ms == pytest.approx(truth(layer), rel=0.15), layer
+    # as format 7 wrote it: the conv type's saved regressor dropped (it held 8-15 channel convs), the add's kept
+    doc = json.loads((tmp_path / "regressors.json").read_text())
+    doc["format"] = 7
+    (tmp_path / "regressors.json").write_text(json.dumps(doc))
+    old = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
+    assert "conv" not in old._saved and "add" in old._saved
+    assert old.estimate([conv(8, 32, 47)]).latency_ms == pytest.approx(fresh.estimate([conv(8, 32, 47)]).latency_ms,
+                                                                        rel=1e-9)
+    assert json.loads((tmp_path / "regressors.json").read_text())["format"] == 8  # written again, fitted once
