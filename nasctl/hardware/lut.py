@@ -517,10 +517,9 @@ def _padded_macs(layer: LayerSpec) -> int:
         return layer.macs
     up = lambda c: -(-c // BLOCK) * BLOCK  # noqa: E731
     # Input channels are padded only from a whole block up: onnxruntime runs a conv of fewer
-    # in its kernel that reads the input channels first, as they are (8 -> 32 channels, 3x3
-    # at 47x47: 115 µs here against 187 µs for 16 -> 32, 22.7 and 18.3 ps per MAC), and pads
-    # more, not a whole block (20 and 24 channels cost what 32 do).  (`_padded_macs` counted
-    # 8-15 channels as 16 before REGRESSORS_FORMAT 8.)
+    # on its input as it is, and pads more to whole blocks (`benchmarks/conv_channels.py`:
+    # 8 -> 32 channels, 3x3 at 47x47, 0.12 ms against 0.20 ms for 16 -> 32; 20 and 24 input
+    # channels cost what 32 do).  8-15 channels counted as 16 before REGRESSORS_FORMAT 8.
     cin = up(layer.in_ch) if layer.in_ch >= BLOCK else layer.in_ch
     return layer.out_hw[0] * layer.out_hw[1] * up(layer.out_ch) * cin * layer.kernel[0] * layer.kernel[1]
 
