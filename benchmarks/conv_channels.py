@@ -15,35 +15,23 @@ workspace's `cpu-local` prices it at.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from depthwise import layer, model  # noqa: E402
+from depthwise import arguments, layer, model, time_models, workspace_device  # noqa: E402
 
 from nasctl.hardware.lut import _padded_macs  # noqa: E402
-from nasctl.hardware.measure.runner import Protocol  # noqa: E402
-from nasctl.hardware.measure.timing import measure_models  # noqa: E402
 
 SIZE = 47
 CASES = [(cin, cout) for cin in (3, 4, 8, 12, 16, 20, 24, 32, 48) for cout in (32, 33)]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workspace", type=Path, help="price each conv with this workspace's cpu-local too")
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--spread", type=float, default=5.0, help="seconds the rounds are paced over")
-    args = ap.parse_args()
-    ms = measure_models([model(cin, SIZE, 1, 3, cout, 1) for cin, cout in CASES],
-                        Protocol(threads=1, rounds=args.rounds, spread_s=args.spread))
-    device = None
-    if args.workspace is not None:
-        from nasctl.hardware.loader import load_device
-
-        device = load_device(str(args.workspace / "hardware" / "cpu-local" / "spec.yaml"))
+    args = arguments(__doc__)
+    ms = time_models([model(cin, SIZE, 1, 3, cout, 1) for cin, cout in CASES], args)
+    device = workspace_device(args)
     print(f"3x3 convs at {SIZE}x{SIZE}, ReLU, one thread")
     print(f"{'in':>4} {'out':>4} {'ms':>8} {'ps/MAC':>7} {'ps/padded MAC':>13}" + (f" {'priced ms':>9}" if device else ""))
     for (cin, cout), t in zip(CASES, ms):

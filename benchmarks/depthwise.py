@@ -56,20 +56,35 @@ def layer(channels: int, size: int, stride: int, k: int = 3, out: int = 0, group
                      groups or channels, fn="relu")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(doc: str) -> argparse.Namespace:
+    """The options of a script timing single convs (this one, `conv_channels.py`)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workspace", type=Path, help="price each conv with this workspace's cpu-local too")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--spread", type=float, default=5.0, help="seconds the rounds are paced over")
-    args = ap.parse_args()
-    every = CASES + MULTIPLIER_CASES
-    times = measure_models([model(*c) for c in every], Protocol(threads=1, rounds=args.rounds, spread_s=args.spread))
-    ms, multiplier_ms = times[:len(CASES)], times[len(CASES):]
-    device = None
-    if args.workspace is not None:
-        from nasctl.hardware.loader import load_device
+    return ap.parse_args()
 
-        device = load_device(str(args.workspace / "hardware" / "cpu-local" / "spec.yaml"))
+
+def time_models(models: list, args: argparse.Namespace) -> list:
+    """Each model's time (ms), one thread, interleaved rounds paced over `--spread` s."""
+    return measure_models(models, Protocol(threads=1, rounds=args.rounds, spread_s=args.spread))
+
+
+def workspace_device(args: argparse.Namespace):
+    """The `cpu-local` of `--workspace`, or None."""
+    if args.workspace is None:
+        return None
+    from nasctl.hardware.loader import load_device
+
+    return load_device(str(args.workspace / "hardware" / "cpu-local" / "spec.yaml"))
+
+
+def main() -> None:
+    args = arguments(__doc__)
+    every = CASES + MULTIPLIER_CASES
+    times = time_models([model(*c) for c in every], args)
+    ms, multiplier_ms = times[:len(CASES)], times[len(CASES):]
+    device = workspace_device(args)
     print(f"{'channels':>8} {'size':>4} {'stride':>6} {'kernel type':>13} {'ms':>8} {'us/channel':>10} "
           f"{'ns/MAC':>7}" + (f" {'priced ms':>9}" if device else ""))
     for (c, hw, s), t in zip(CASES, ms):
