@@ -942,8 +942,9 @@ def test_a_dense_conv_of_fewer_input_channels_than_a_vector_block_is_priced_by_i
     """onnxruntime runs a dense conv of fewer input channels than a vector block (16 floats)
     on its input as it is, and pads more to whole blocks (`benchmarks/conv_channels.py`: 8 ->
     32 channels, 3x3 at 47x47, 0.12 ms, 16 -> 32 0.20 ms, 20 or 24 -> 32 what 32 -> 32 took):
-    a conv of 8 input channels costs half of one of 16, not the same.  Regressors saved before (format
-    7), which counted 8-15 channels as 16, are fitted again for the types holding them."""
+    a conv of 8 input channels costs half of one of 16, not the same.  Regressors saved
+    before (format 7), which counted 8-15 channels as 16, are fitted again for the types
+    holding them."""
     import json
 
     from nasctl.hardware.fit import FittedDevice, write_device
