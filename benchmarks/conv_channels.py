@@ -33,7 +33,8 @@ def main() -> None:
     ms = time_models([model(cin, SIZE, 1, 3, cout, 1) for cin, cout in CASES], args)
     device = workspace_device(args)
     print(f"3x3 convs at {SIZE}x{SIZE}, ReLU, one thread")
-    print(f"{'in':>4} {'out':>4} {'ms':>8} {'ps/MAC':>7} {'ps/padded MAC':>13}" + (f" {'priced ms':>9}" if device else ""))
+    print(f"{'in':>4} {'out':>4} {'ms':>8} {'ps/MAC':>7} {'ps/padded MAC':>13}"
+          + (f" {'priced ms':>9}" if device else ""))
     for (cin, cout), t in zip(CASES, ms):
         spec = layer(cin, SIZE, 1, 3, cout, 1)
         line = f"{cin:>4} {cout:>4} {t:8.4f} {t * 1e9 / spec.macs:7.2f} {t * 1e9 / _padded_macs(spec):13.2f}"

@@ -960,7 +960,8 @@ def test_a_dense_conv_of_fewer_input_channels_than_a_vector_block_is_priced_by_i
     table = [row_from_layer(layer, truth(layer) * rng.uniform(0.98, 1.02))
              for cin in (3, 4, 6, 10, 12, 14, 16, 20, 24, 32, 48, 64) for cout in (16, 32, 64) for hw in (8, 16, 32, 64)
              for layer in [conv(cin, cout, hw)]]
-    table += [row_from_layer(LayerSpec("add", 32, 32, (hw, hw), (hw, hw)), 1e-3 + hw * hw * 32e-7) for hw in (8, 16, 32)]
+    table += [row_from_layer(LayerSpec("add", 32, 32, (hw, hw), (hw, hw)), 1e-3 + hw * hw * 32e-7)
+              for hw in (8, 16, 32)]
     spec = {"kind": "lut", "lut": "lut.csv", "regressors": {"conv": "nearest", "add": "ridge"}}
     write_device(tmp_path, FittedDevice("t", spec, table))
     fresh = LutDevice.from_dict({"name": "t", **spec}, tmp_path)
