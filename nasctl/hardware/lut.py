@@ -144,6 +144,11 @@ class WeightStream(_Strict):
     # The most (None: no limit): a larger layer's weights leave the caches even when it is
     # timed alone, so what reading them costs is in its table rows already.
     max_bytes: Optional[PositiveFloat] = None
+    # Which of those few-row layers it prices (`reread_kind`): "spatial", the convs of a
+    # kernel over 1x1, or "pointwise", the others (each has a curve of its own: three
+    # profiles of a 2-vCPU EPYC measured 0.034-0.065 ms/MB beyond their alone time for
+    # spatial convs of 0.8-8 MB, 0.013-0.020 for pointwise layers); "all": both alike.
+    kernels: Literal["all", "spatial", "pointwise"] = "all"
 
     def rate(self, weights: float) -> float:
         """Milliseconds per megabyte of weights read in a model of `weights` bytes."""
@@ -151,14 +156,22 @@ class WeightStream(_Strict):
         share = 1.0 / (1.0 + math.exp(-min(max(x, -50.0), 50.0)))
         return self.resident_ms_per_mb + (self.streamed_ms_per_mb - self.resident_ms_per_mb) * share
 
+    def prices(self, layer: LayerSpec) -> bool:
+        """Whether the curve prices `layer`."""
+        if not (streams_weights(layer, self.convs) if self.max_rows == 1 else
+                rereads_weights(layer, self.max_rows) and self.kernels in ("all", reread_kind(layer))):
+            return False
+        return self.min_bytes <= layer.weight_bytes and (self.max_bytes is None or layer.weight_bytes <= self.max_bytes)
+
     def extra_ms(self, layer: LayerSpec, weights: float) -> float:
         """What `layer` costs beyond its resident price in a model of `weights` weight bytes
         (0 for a layer that does not stream its weights)."""
-        if not (streams_weights(layer, self.convs) if self.max_rows == 1 else rereads_weights(layer, self.max_rows)):
-            return 0.0
-        if layer.weight_bytes < self.min_bytes or (self.max_bytes is not None and layer.weight_bytes > self.max_bytes):
-            return 0.0
-        return layer.weight_bytes / 1e6 * (self.rate(weights) - self.resident_ms_per_mb)
+        return layer.weight_bytes / 1e6 * (self.rate(weights) - self.resident_ms_per_mb) if self.prices(layer) else 0.0
+
+    def resident_ms(self, layer: LayerSpec) -> float:
+        """What `layer` pays for reading its weights at the resident rate (0 for a layer the
+        curve does not price)."""
+        return layer.weight_bytes / 1e6 * self.resident_ms_per_mb if self.prices(layer) else 0.0
 
 
 def streams_weights(layer: LayerSpec, convs: bool = True) -> bool:
@@ -182,6 +195,13 @@ def rereads_weights(layer: LayerSpec, max_rows: int) -> bool:
     rows = layer.out_hw[0] * layer.out_hw[1]
     return (layer.op in ("conv", "linear") and rows <= max_rows and layer.w_bits == 32 and not layer.dequantized
             and layer.params > 0 and not streams_weights(layer, convs=True))
+
+
+def reread_kind(layer: LayerSpec) -> str:
+    """Which curve of `overhead.weight_reread` prices a layer of a few rows: "spatial" for a
+    conv of a kernel over 1x1 (it reads its weights again for each row of its output),
+    "pointwise" for the others."""
+    return "spatial" if layer.op == "conv" and layer.kernel[0] * layer.kernel[1] > 1 else "pointwise"
 
 
 def weight_bytes(layers: Sequence[LayerSpec]) -> float:
@@ -212,7 +232,13 @@ class Overhead(_Strict):
     per_kernel_ms: dict[str, float] = {}  # kernel group (`kernel_group`) -> added to each of its layers
     working_set: Optional[WorkingSet] = None
     weight_stream: Optional[WeightStream] = None
-    weight_reread: Optional[WeightStream] = None  # for layers of a few rows (`rereads_weights`)
+    # for layers of a few rows (`rereads_weights`): one curve, or one per `WeightStream.kernels`
+    weight_reread: Optional[WeightStream | list[WeightStream]] = None
+
+    def rereads(self) -> list[WeightStream]:
+        """The curves of `weight_reread`, as a list."""
+        r = self.weight_reread
+        return [] if r is None else list(r) if isinstance(r, list) else [r]
     layout: Optional[LayoutCost] = None   # priced where a model's layout reorders are known
 
 
@@ -1224,7 +1250,7 @@ class LutDevice(CostModel):
         if factor != 1.0:
             report.costs = [LayerCost(c.latency_ms * factor, c.energy_mj, c.mapping) for c in report.costs]
         weights = weight_bytes(layers)
-        for stream in (self.spec.overhead.weight_stream, self.spec.overhead.weight_reread):
+        for stream in (self.spec.overhead.weight_stream, *self.spec.overhead.rereads()):
             if stream is None:
                 continue
             for i, layer in enumerate(layers):

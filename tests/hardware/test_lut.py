@@ -544,6 +544,41 @@ def test_layers_of_a_few_rows_pay_for_reading_their_weights_from_memory_in_a_mod
     assert big.mapping.endswith("+ weights streamed") and big.latency_ms > 1.25 * plain.estimate(large).costs[-1].latency_ms
 
 
+def test_spatial_convs_and_pointwise_layers_of_a_few_rows_pay_the_rate_of_their_own_curve(rows):
+    """`overhead.weight_reread` as a list: a spatial conv of a few output pixels pays its own
+    curve's rate beyond its resident one, a pointwise layer the other's; none pays for a
+    layer over `max_bytes`.  A curve saved as one dict (fits before) prices both alike."""
+    from nasctl.hardware.lut import WeightStream, reread_kind, weight_bytes
+
+    spatial = conv(512, 512, 4)  # a 3x3 conv on a 4x4 map: 9.4 MB
+    pointwise = LayerSpec("linear", 768, 3072, (37, 1), (37, 1), bias=True)  # 9.4 MB, 37 tokens
+    too_big = conv(1024, 1024, 4)  # 37.7 MB
+    assert (reread_kind(spatial), reread_kind(pointwise), reread_kind(conv(512, 512, 4, k=1))) == (
+        "spatial", "pointwise", "pointwise")
+    table = rows + [row_from_layer(spatial, 0.7), row_from_layer(pointwise, 1.0), row_from_layer(too_big, 4.0)]
+    curve = {"cache_bytes": 20e6, "width": 0.5, "convs": True, "max_rows": 64, "min_bytes": 0.8e6,
+             "max_bytes": 16e6}
+    reread = [{**curve, "resident_ms_per_mb": 0.025, "streamed_ms_per_mb": 0.06, "kernels": "spatial"},
+              {**curve, "resident_ms_per_mb": 0.015, "streamed_ms_per_mb": 0.015, "kernels": "pointwise"}]
+    plain, rereading = device(table), device(table, overhead={"weight_reread": reread})
+    rate_of = {id(spatial): reread[0], id(pointwise): reread[1]}
+    for layers in ([conv(16, 16, 32), spatial, pointwise, too_big], [spatial, pointwise, too_big] * 6):
+        got, want = rereading.estimate(layers), plain.estimate(layers)
+        weights = weight_bytes(layers)
+        for layer, a, b in zip(layers, got.costs, want.costs):
+            curve_of = rate_of.get(id(layer))  # (a conv of 1024 rows, and one over the cap, pay nothing more)
+            paid = 0.0 if curve_of is None else layer.weight_bytes / 1e6 * (
+                WeightStream(**curve_of).rate(weights) - curve_of["resident_ms_per_mb"])
+            assert a.latency_ms - b.latency_ms == pytest.approx(paid, abs=1e-12)
+    # in a model of 56 MB of weights the spatial conv pays 0.22 ms more, the pointwise layer nothing
+    assert 0.15 < rereading.estimate([spatial, pointwise, too_big]).costs[0].latency_ms - 0.7 < 0.3
+    old = device(table, overhead={"weight_reread": {**reread[0], "kernels": "all"}})
+    both = [spatial, pointwise]
+    extra = old.estimate(both).costs[1].latency_ms - plain.estimate(both).costs[1].latency_ms
+    beyond = WeightStream(**reread[0]).rate(weight_bytes(both)) - 0.025
+    assert extra == pytest.approx(pointwise.weight_bytes / 1e6 * beyond)
+
+
 def test_a_working_set_without_a_positive_reference_is_refused_in_one_line(tmp_path, rows):
     from nasctl.hardware.loader import load_device
 

@@ -1266,13 +1266,13 @@ def test_where_a_classifier_starts_reading_from_memory_does_not_jump_between_two
 
 def _rereading(name, layers, resident, first_alone, truth, noise, run_ms, per_node):
     """A measured network whose layers took `resident` ms with their weights in the caches
-    and `truth`'s excess besides in place (profiled with 3% noise), each from
-    `first_alone` on timed alone at its resident time."""
+    and `truth`'s excess besides in place (its rate whole; profiled with 3% noise), each
+    from `first_alone` on timed alone at its resident time."""
     from nasctl.hardware.lut import weight_bytes
     from nasctl.hardware.measure.attribution import MeasuredNetwork
 
-    w = weight_bytes(layers)
-    excess = [truth.extra_ms(layer, w) for layer in layers]
+    w, curves = weight_bytes(layers), truth if isinstance(truth, list) else [truth]
+    excess = [sum(t.extra_ms(layer, w) + t.resident_ms(layer) for t in curves) for layer in layers]
     profiled = [(r + e) * float(np.exp(noise.normal(0, 0.03))) + per_node for r, e in zip(resident, excess)]
     alone = {j: (resident[j] + run_ms, 0.0, 0) for j in range(first_alone, len(layers))}
     return MeasuredNetwork(name, layers, profiled, [1.0] * len(layers), run_ms + sum(resident) + sum(excess), alone)
@@ -1280,16 +1280,21 @@ def _rereading(name, layers, resident, first_alone, truth, noise, run_ms, per_no
 
 def test_what_layers_of_a_few_rows_pay_for_reading_their_weights_is_fitted_from_their_alone_times():
     """`weight_reread`: a long kernel timed alone keeps its weights in the caches; profiled
-    in its network it pays their reading from memory where the network's weights do not
-    stay there.  From that excess per MB, over networks of 5-600 MB, the fit recovers the
-    curve the times were drawn from (its middle within 30%, its memory rate within 15%),
-    and `in_context_costs` given it neither loads the excess on the network's other
-    kernels nor leaves it in a profiled layer's cost."""
-    from nasctl.hardware.lut import WeightStream, weight_bytes
+    in its network it pays their reading from memory, more where the network's weights do
+    not stay there, and a spatial conv (which reads them again for each output row) more
+    than a pointwise layer.  From that excess per MB, over networks of 5-600 MB, the fit
+    recovers each kind's curve the times were drawn from (the pointwise middle within 30%,
+    the rates within 15-20%), and `in_context_costs` given them neither loads the excess on
+    the network's other kernels nor leaves what it pays beyond the resident rate in a
+    profiled layer's cost, and gives a long layer what it pays at that rate."""
+    from nasctl.hardware.lut import WeightStream, reread_kind, weight_bytes
     from nasctl.hardware.measure.profile import weight_reread
 
-    truth = WeightStream(cache_bytes=120e6, width=0.5, resident_ms_per_mb=0.0, streamed_ms_per_mb=0.03,
-                         convs=True, max_rows=64)
+    curve = {"width": 0.5, "convs": True, "max_rows": 64}
+    truth = [WeightStream(cache_bytes=120e6, resident_ms_per_mb=0.0, streamed_ms_per_mb=0.03, kernels="pointwise",
+                          **curve),
+             WeightStream(cache_bytes=40e6, resident_ms_per_mb=0.02, streamed_ms_per_mb=0.06, kernels="spatial",
+                          **curve)]
     draw, noise = np.random.default_rng(3), np.random.default_rng(4)
     run_ms, per_node = 0.005, 0.001
     measured = []
@@ -1299,27 +1304,36 @@ def test_what_layers_of_a_few_rows_pay_for_reading_their_weights_is_fitted_from_
         layers = [LayerSpec("conv", 3, 64, (64, 64), (32, 32), (3, 3), stride=2, name="k0:conv"),
                   LayerSpec("linear", 1024, 1024, (16, 1), (16, 1), name="k1:short")]  # profiled, not alone
         layers += [LayerSpec("linear", dim, dim * 4, (37, 1), (37, 1), name=f"k{j + 2}:mm") for j in range(depth)]
+        layers += [LayerSpec("conv", int(c), int(c), (4, 4), (4, 4), (3, 3), name=f"k{depth + 2 + j}:conv")
+                   for j, c in enumerate(draw.integers(192, 512, size=2))]
         resident = [0.05, 0.2] + [layer.macs * 1.2e-8 for layer in layers[2:]]
         measured.append(_rereading(f"net {i}", layers, resident, 2, truth, noise, run_ms, per_node))
     fitted, how = weight_reread(measured, per_node, run_ms)
     assert fitted is not None, how
+    found = {f["kernels"]: f for f in fitted}
+    pointwise, spatial = found["pointwise"], found["spatial"]
     # (a layer holding more than four fifths of its network's weights is left out)
-    assert fitted["max_rows"] == 64 and fitted["min_bytes"] == 0.8e6 and how["layers"] == sum(
-        m.layers[j].params * 4 <= 0.8 * weight_bytes(m.layers) for m in measured for j in m.alone)
-    assert how["layers"] > 600
-    assert abs(np.log(fitted["cache_bytes"] / 120e6)) < np.log(1.3), fitted
-    assert fitted["resident_ms_per_mb"] < 0.003 and abs(fitted["streamed_ms_per_mb"] / 0.03 - 1) < 0.15, fitted
+    assert all(f["max_rows"] == 64 and f["min_bytes"] == 0.8e6 for f in fitted)
+    for kind in ("pointwise", "spatial"):
+        assert how[kind]["layers"] == sum(m.layers[j].params * 4 <= 0.8 * weight_bytes(m.layers)
+                                          and reread_kind(m.layers[j]) == kind for m in measured for j in m.alone)
+    assert how["pointwise"]["layers"] > 600 and how["spatial"]["layers"] > 100
+    assert abs(np.log(pointwise["cache_bytes"] / 120e6)) < np.log(1.3), pointwise
+    assert pointwise["resident_ms_per_mb"] < 0.003 and abs(pointwise["streamed_ms_per_mb"] / 0.03 - 1) < 0.15
+    assert abs(spatial["resident_ms_per_mb"] / 0.02 - 1) < 0.2 and abs(spatial["streamed_ms_per_mb"] / 0.06 - 1) < 0.15
     plain, _ = in_context_costs(measured, known=(run_ms, per_node))
-    costs, _ = in_context_costs(measured, known=(run_ms, per_node), reread=truth.model_dump())
+    costs, _ = in_context_costs(measured, known=(run_ms, per_node), reread=[t.model_dump() for t in truth])
     big = max(range(len(measured)), key=lambda i: weight_bytes(measured[i].layers))
-    excess_of = lambda i: truth.extra_ms(measured[i].layers[1], weight_bytes(measured[i].layers))  # noqa: E731
+    excess_of = lambda i: truth[0].extra_ms(measured[i].layers[1], weight_bytes(measured[i].layers))  # noqa: E731
     assert weight_bytes(measured[big].layers) > 300e6
     # the conv's profiled time, scaled to the network's: with the excess counted, what it took
     assert costs[big][0] == pytest.approx(0.05, rel=0.1) and plain[big][0] > 1.1 * costs[big][0]
     # a profiled layer of a few rows: its cost without what reading its weights took there
     assert excess_of(big) > 0.05 and costs[big][1] == pytest.approx(0.2, rel=0.1) and plain[big][1] > 0.24
-    # a long layer's cost is its alone time either way
-    assert costs[big][2:] == pytest.approx(plain[big][2:])
+    # a long layer's cost is its alone time and, given the curves, what it pays at the resident rate
+    layers = measured[big].layers
+    assert costs[big][2:] == pytest.approx(plain[big][2:] + [sum(t.resident_ms(x) for t in truth) for x in layers[2:]])
+    assert any(truth[1].resident_ms(x) > 0.02 for x in layers[2:])
 
 
 def test_layers_too_large_for_the_caches_alone_are_left_out_of_the_rereading_they_do_not_show():
@@ -1343,10 +1357,11 @@ def test_layers_too_large_for_the_caches_alone_are_left_out_of_the_rereading_the
                    for j, d in enumerate(dims)]
         resident = [0.05] + [layer.macs * 1.2e-8 for layer in layers[1:]]
         measured.append(_rereading(f"net {i}", layers, resident, 1, truth, noise, run_ms, per_node))
-    fitted, how = weight_reread(measured, per_node, run_ms)
-    assert fitted is not None, how
+    fits, how = weight_reread(measured, per_node, run_ms)
+    assert fits is not None and [f["kernels"] for f in fits] == ["pointwise"], how
+    fitted = fits[0]
     # (the sizes it tries up to are REREAD_CAPS of those drawn, about 20% apart)
-    assert 12e6 * 0.8 <= fitted["max_bytes"] < 12e6 * 1.25 and how["layers_over_it"] > 50, (fitted, how)
+    assert 12e6 * 0.8 <= fitted["max_bytes"] < 12e6 * 1.25 and how["pointwise"]["layers_over_it"] > 50, (fitted, how)
     assert abs(np.log(fitted["cache_bytes"] / 30e6)) < np.log(1.3), fitted
     assert fitted["resident_ms_per_mb"] < 0.003 and abs(fitted["streamed_ms_per_mb"] / 0.03 - 1) < 0.15, fitted
     # a layer over the cap pays nothing beyond its table row; one under it does

@@ -337,7 +337,8 @@ def reorder_times(m: MeasuredNetwork, per_node: float) -> dict[str, float]:
 
 def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
                      known: Optional[tuple[float, float]] = None,
-                     block: Optional[int] = None, reread: Optional[dict] = None) -> tuple[list[np.ndarray], dict]:
+                     block: Optional[int] = None, reread: Optional[dict | list[dict]] = None
+                     ) -> tuple[list[np.ndarray], dict]:
     """Per-layer costs from the profiles and the thread-clock times.
 
     The profiler adds its own cost to every node it times; fit `end-to-end = run overhead
@@ -354,10 +355,12 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
     width whose layout reorders are priced on their own (`lut.LayoutCost`): a network whose
     reorders are known for it (`known_layout`) has their time taken off before its kernels
     are scaled.  `reread`: what layers of a few rows pay for reading their weights from
-    memory (`lut.WeightStream` as `overhead.weight_reread` holds it): a long one's alone
-    time leaves it out, so it counts with that time towards the network's, and a profiled
-    one's time (which holds it) has it taken off once scaled - the kernels' costs are then
-    what they cost with their weights in the caches, as the table holds them."""
+    memory (`lut.WeightStream`s as `overhead.weight_reread` holds them): a long one's alone
+    time, weights in the caches, leaves it out, so its cost is that time and what it pays at
+    the curve's resident rate, and what it pays beyond counts with them towards the
+    network's time; a profiled one's time (which holds it) has what it pays beyond the
+    resident rate taken off once scaled - the kernels' costs are then what they cost in a
+    network whose weights stay in the caches, as the table holds them."""
     from scipy.optimize import least_squares
 
     from ..lut import WeightStream, weight_bytes
@@ -373,15 +376,18 @@ def in_context_costs(measured: Sequence[MeasuredNetwork], short_ms: float = 2.0,
         loss="soft_l1", f_scale=0.05, bounds=([0, 0], [np.inf, np.inf])).x
     c0 = float(min(c0, 0.5 * y.min()))
     costs, scales, found = [], [], []
-    stream = None if reread is None else WeightStream(**reread)
+    streams = [WeightStream(**r) for r in ([] if reread is None else reread if isinstance(reread, list) else [reread])]
     for m in measured:
         t = np.maximum(np.array(m.layer_ms) - per_node * np.array(m.layer_nodes), FLOOR_MS)
-        weights = weight_bytes(m.layers) if stream is not None else 0.0
-        extra = np.array([stream.extra_ms(layer, weights) for layer in m.layers] if stream is not None
+        weights = weight_bytes(m.layers) if streams else 0.0
+        extra = np.array([sum(s.extra_ms(layer, weights) for s in streams) for layer in m.layers] if streams
                          else np.zeros(len(t)))
         alone = np.zeros(len(t), dtype=bool)
         for j, (ms, boundary_ms, boundary_nodes) in m.alone.items():
-            t[j] = max(ms - c0 - (boundary_ms - per_node * boundary_nodes), FLOOR_MS)
+            # (with what a layer of a few rows pays at the resident rate in any network, which
+            # its time alone, weights in the caches, leaves out, as a profiled one's holds it)
+            t[j] = max(ms - c0 - (boundary_ms - per_node * boundary_nodes), FLOOR_MS) + sum(
+                s.resident_ms(m.layers[j]) for s in streams)
             alone[j] = True
         # The profiled kernels' times, scaled so that with the long kernels timed alone and
         # the run overhead they add up to the network's end-to-end time (measured without

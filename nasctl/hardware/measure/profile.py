@@ -537,7 +537,8 @@ def weight_stream(measured: Sequence[MeasuredNetwork], costs: Sequence[np.ndarra
             {**how, "resident_layers": int(np.sum(size < cache)), "streamed_layers": int(np.sum(size >= cache))})
 
 
-def _stream_curve(points: Sequence[tuple[float, float]], widths: Sequence[float], grid: int = STREAM_GRID):
+def _stream_curve(points: Sequence[tuple[float, float]], widths: Sequence[float], grid: int = STREAM_GRID,
+                  flat: bool = False):
     """`lut.WeightStream`'s curve through `points` ((a network's weight bytes, a layer's ms
     per MB) pairs): ((middle, width, low rate, high rate), None), or (None, why not).  The
     middle is tried at `grid` points, evenly in log, between the weight bytes of the
@@ -545,7 +546,7 @@ def _stream_curve(points: Sequence[tuple[float, float]], widths: Sequence[float]
     rates by least absolute deviation (`_lad_rates`); of the pairs whose rate rises with
     the weights, the one of the least deviation is kept (a curve that falls is no reading
     from memory: a middle among the few largest networks can fit their layers' spread
-    that way)."""
+    that way).  With `flat`, where no curve rises, one rate for all networks (the median)."""
     from ..lut import WeightStream
 
     if len(points) < 2 * STREAM_SIDE:
@@ -567,6 +568,9 @@ def _stream_curve(points: Sequence[tuple[float, float]], widths: Sequence[float]
             solved = True
             if high > low and (best is None or loss < best[0] - 1e-12):
                 best = (loss, float(middle), float(width), low, high)
+    if best is None and flat:
+        median = float(np.median(rate))
+        return (float(np.exp(np.median(np.log(size)))), float(widths[0]), median, median), None
     if best is None:
         return None, ("not fitted: the layers' networks hold too alike weight bytes" if hi <= lo
                       else "not fitted: the solver found no rates" if not solved
@@ -581,38 +585,41 @@ REREAD_CAPS = 24
 REREAD_CAP_GRID = 12  # the middles of its change tried while choosing that size (STREAM_GRID once chosen)
 
 
-def weight_reread(measured: Sequence[MeasuredNetwork], per_node: float, run_ms: float) -> tuple[Optional[dict], dict]:
+def weight_reread(measured: Sequence[MeasuredNetwork], per_node: float,
+                  run_ms: float) -> tuple[Optional[list[dict]], dict]:
     """What float convs and linear layers of a few output positions (`lut.rereads_weights`,
-    REREAD_ROWS at most) pay for reading their weights from memory in a network whose
-    weights leave the caches between runs (`lut.WeightStream` of `max_rows` REREAD_ROWS, as
-    `overhead.weight_reread` holds it, or None where the networks show no change), and how
-    it was fitted.
+    REREAD_ROWS at most) pay for reading their weights from memory in their network
+    (`lut.WeightStream`s of `max_rows` REREAD_ROWS, one per `lut.reread_kind`, as
+    `overhead.weight_reread` holds them, or None where the networks show none), and how
+    they were fitted.
 
     Such a layer, when it profiles long, is timed again alone (`runner.long_kernels`): cut
     out of its network, its weights stay in the caches, so its alone time is its resident
     one and its profiled time in the network less that is what reading them cost there.
     Per megabyte of its weights, that excess is fitted as a curve of the network's weight
-    bytes (`_stream_curve`, its width too, of REREAD_WIDTHS), on the layers of at least
-    STREAM_MIN_BYTES that hold at most STREAM_MAX_SHARE of their network's weights; it
-    prices layers of at least STREAM_MIN_BYTES (what smaller ones pay, it did not measure).
+    bytes (`_stream_curve`, its width too, of REREAD_WIDTHS, or one rate where none rises),
+    on the layers of at least STREAM_MIN_BYTES that hold at most STREAM_MAX_SHARE of their
+    network's weights; it prices layers of at least STREAM_MIN_BYTES (what smaller ones
+    pay, it did not measure) beyond its resident rate, which the table rows hold (a long
+    layer's its alone time and that rate: `in_context_costs`).  Spatial convs and the other layers get a
+    curve each: in three profiles of a 2-vCPU EPYC VM, spatial convs of 0.8-8 MB ran
+    0.034-0.047 ms/MB over their alone time in networks under 30 MB and 0.049-0.065 in
+    larger ones, pointwise layers 0.013-0.025 in either.  With one curve for both, and long
+    layers' rows at their alone time, the spatial convs of ResNet-18-D's and ResNet-10-T's
+    last stages (9.4 MB each) were priced 0.69 ms against 1.19 ms in place.
     A layer too large for the caches reads its weights from memory alone too, and shows no
-    excess: the curve prices layers of at most `max_bytes`, the layer size (of REREAD_CAPS
-    of those measured, spread evenly in log, or none) whose curve, fitted to the layers up
-    to it (REREAD_CAP_GRID middles), leaves the least absolute deviation over all of them,
-    the larger ones taken at the curve's resident rate.  On a 32 MB-L3 EPYC VM it came out
-    at 16.8 MB in two profiles and 5.3 MB in a third (the deviation changes little between
-    them): layers of 2-10 MB ran 0.01-0.07 ms/MB slower in networks of 15-200 MB, layers of
-    18-81 MB within 0.006 of their alone time.  Priced alike, those made the curve of least
-    deviation fall with the network's weights, the profiles were left without one, and
-    MobileNetV2-1.4 at 32 px, whose 1x1 convs of 1-3 MB on 2x2 maps took 1.7-1.9x their
-    price, was priced 18-26% low.  Seen on a 2-vCPU cloud VM: about 0 up to 50 MB of a
-    network's weights, 0.01-0.02 ms/MB at 80-120 MB, 0.02-0.04 at 170-510 MB; without it
-    ViT-B/16 (345 MB) was priced 24% under its time, its linear layers of 37 tokens
-    0.03-0.04 ms/MB each.  Layers of 256 tokens or more showed none in ConvNeXt-tiny
-    (114 MB), whose 16- and 64-token ones did."""
-    from ..lut import WeightStream, rereads_weights, weight_bytes
+    excess: a curve prices layers of at most `max_bytes`, the layer size (of REREAD_CAPS of
+    those measured, spread evenly in log, or none) whose curve, fitted to the layers up to
+    it (REREAD_CAP_GRID middles), leaves the least absolute deviation over all of them,
+    the larger ones taken at none (layers of 18-81 MB ran within 0.006 ms/MB of their alone
+    time).  Seen on a 2-vCPU cloud VM: without such a curve ViT-B/16 (345 MB) was priced
+    24% under its time, its linear layers of 37 tokens 0.03-0.04 ms/MB each; MobileNetV2-1.4
+    at 32 px, whose 1x1 convs of 1-3 MB on 2x2 maps took 1.7-1.9x their price, 18-26% low.
+    Layers of 256 tokens or more showed none in ConvNeXt-tiny (114 MB), whose 16- and
+    64-token ones did."""
+    from ..lut import reread_kind, rereads_weights, weight_bytes
 
-    points = []  # (the network's weight bytes, the layer's, its excess in ms per MB)
+    points: dict[str, list] = {kind: [] for kind in REREAD_KINDS}  # (network's weight bytes, layer's, ms per MB)
     for m in measured:
         weights = weight_bytes(m.layers)
         for j, (ms, besides_ms, besides) in m.alone.items():
@@ -622,37 +629,63 @@ def weight_reread(measured: Sequence[MeasuredNetwork], per_node: float, run_ms: 
                 continue
             in_network = m.layer_ms[j] - per_node * m.layer_nodes[j]
             resident = ms - run_ms - (besides_ms - per_node * besides)
-            points.append((weights, size, (in_network - resident) / (size / 1e6)))
-    how = {"layers": len(points), "max_rows": REREAD_ROWS, "min_weight_bytes": STREAM_MIN_BYTES,
-           "max_share": STREAM_MAX_SHARE,
-           "how": "profiled in the network less timed alone, per MB; curve, least absolute deviation, "
-                  "up to the layer size of least deviation"}
-    best, note = None, f"not fitted: {len(points)} layers (fewer than {2 * STREAM_SIDE})"
-    sizes = sorted({p[1] for p in points})
+            points[reread_kind(layer)].append((weights, size, (in_network - resident) / (size / 1e6)))
+    how: dict = {"max_rows": REREAD_ROWS, "min_weight_bytes": STREAM_MIN_BYTES, "max_share": STREAM_MAX_SHARE,
+                 "how": "profiled in the network less timed alone, per MB; curve, least absolute deviation, "
+                        "up to the layer size of least deviation; spatial convs and the others apart"}
+    # One cap for both kinds: whether a layer's weights stay in the caches when it runs
+    # alone is the caches' matter (the spatial convs, a fifth of the layers, placed it at
+    # 5.3-10.6 MB on their own, the others at 16.8-18.9 MB, in three profiles)
+    every = [p for found in points.values() for p in found]
+    sizes = sorted({p[1] for p in every})
     grid = np.exp(np.linspace(np.log(sizes[0]), np.log(sizes[-1]), REREAD_CAPS)) if sizes else []
+    best = None
     for cap in sorted({max(s for s in sizes if s <= g * (1 + 1e-9)) for g in grid}):
-        inside = [(w, r) for w, s, r in points if s <= cap]
-        if len(inside) < 2 * STREAM_SIDE:
+        curves = {kind: _reread_curve(found, cap, REREAD_CAP_GRID) for kind, found in points.items()}
+        if all(c is None for c in curves.values()):
             continue
-        fitted, note = _stream_curve(inside, REREAD_WIDTHS, REREAD_CAP_GRID)
-        if fitted is None:
-            continue
-        cache, width, low, high = fitted
-        curve = WeightStream(cache_bytes=cache, width=width, resident_ms_per_mb=low, streamed_ms_per_mb=high)
-        loss = sum(abs(r - (curve.rate(w) if s <= cap else low)) for w, s, r in points)
+        loss = sum(_reread_loss(found, curves[kind], cap) for kind, found in points.items())
         if best is None or loss < best[0] - 1e-12:
-            best = (loss, cap, fitted)
+            best = (loss, cap)
     if best is None:
-        return None, {**how, "note": note}
+        return None, {**how, "layers": {kind: len(found) for kind, found in points.items()},
+                      "note": f"not fitted: fewer than {2 * STREAM_SIDE} layers of each kind"}
     cap = best[1]
-    fitted, _ = _stream_curve([(w, r) for w, s, r in points if s <= cap], REREAD_WIDTHS)
-    cache, width, low, high = fitted or best[2]
     capped = cap < sizes[-1]
-    return ({"cache_bytes": round(cache, 1), "width": width, "resident_ms_per_mb": round(low, 6),
-             "streamed_ms_per_mb": round(high, 6), "convs": True, "max_rows": REREAD_ROWS,
-             "min_bytes": STREAM_MIN_BYTES, **({"max_bytes": cap} if capped else {})},
-            {**how, "width": width, "networks": len({p[0] for p in points}),
-             "max_weight_bytes": cap if capped else None, "layers_over_it": sum(p[1] > cap for p in points)})
+    fits = []
+    for kind, found in points.items():
+        curve = _reread_curve(found, cap)
+        how[kind] = {"layers": len(found), "networks": len({p[0] for p in found}),
+                     "layers_over_it": sum(p[1] > cap for p in found)}
+        if curve is None:
+            how[kind]["note"] = f"not fitted: fewer than {2 * STREAM_SIDE} layers up to the cap"
+            continue
+        cache, width, low, high = curve
+        how[kind]["width"] = width
+        fits.append({"cache_bytes": round(cache, 1), "width": width, "resident_ms_per_mb": round(low, 6),
+                     "streamed_ms_per_mb": round(high, 6), "convs": True, "max_rows": REREAD_ROWS,
+                     "min_bytes": STREAM_MIN_BYTES, **({"max_bytes": cap} if capped else {}), "kernels": kind})
+    how["max_weight_bytes"] = cap if capped else None
+    return fits or None, how
+
+
+REREAD_KINDS = ("spatial", "pointwise")  # `lut.reread_kind`, each fitted a curve of its own
+
+
+def _reread_curve(points: Sequence[tuple[float, float, float]], cap: float, grid: int = STREAM_GRID):
+    """`weight_reread`'s curve (middle, width, low rate, high rate) through the `points` (a
+    network's weight bytes, a layer's, its excess in ms per MB) of layers up to `cap`
+    bytes, or None where they are too few."""
+    return _stream_curve([(w, r) for w, s, r in points if s <= cap], REREAD_WIDTHS, grid, flat=True)[0]
+
+
+def _reread_loss(points: Sequence[tuple[float, float, float]], curve: Optional[tuple], cap: float) -> float:
+    """The absolute deviation of `points` from what `curve` up to `cap` prices (none over it)."""
+    from ..lut import WeightStream
+
+    model = None if curve is None else WeightStream(cache_bytes=curve[0], width=curve[1],
+                                                    resident_ms_per_mb=curve[2], streamed_ms_per_mb=curve[3])
+    return sum(abs(r - (model.rate(w) if model is not None and s <= cap else 0.0)) for w, s, r in points)
 
 
 def _lad_rates(share: np.ndarray, rate: np.ndarray) -> Optional[tuple[float, float, float]]:
