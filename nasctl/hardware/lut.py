@@ -234,12 +234,12 @@ class Overhead(_Strict):
     weight_stream: Optional[WeightStream] = None
     # for layers of a few rows (`rereads_weights`): one curve, or one per `WeightStream.kernels`
     weight_reread: Optional[WeightStream | list[WeightStream]] = None
+    layout: Optional[LayoutCost] = None   # priced where a model's layout reorders are known
 
     def rereads(self) -> list[WeightStream]:
         """The curves of `weight_reread`, as a list."""
         r = self.weight_reread
         return [] if r is None else list(r) if isinstance(r, list) else [r]
-    layout: Optional[LayoutCost] = None   # priced where a model's layout reorders are known
 
 
 def working_set_bytes(layers: Sequence[LayerSpec]) -> float:

@@ -601,18 +601,18 @@ def weight_reread(measured: Sequence[MeasuredNetwork], per_node: float,
     on the layers of at least STREAM_MIN_BYTES that hold at most STREAM_MAX_SHARE of their
     network's weights; it prices layers of at least STREAM_MIN_BYTES (what smaller ones
     pay, it did not measure) beyond its resident rate, which the table rows hold (a long
-    layer's its alone time and that rate: `in_context_costs`).  Spatial convs and the other layers get a
-    curve each: in three profiles of a 2-vCPU EPYC VM, spatial convs of 0.8-8 MB ran
-    0.034-0.047 ms/MB over their alone time in networks under 30 MB and 0.049-0.065 in
-    larger ones, pointwise layers 0.013-0.025 in either.  With one curve for both, and long
+    layer's row: its alone time and that rate, `in_context_costs`).  Spatial convs and the
+    other layers get a curve each: in three profiles of a 2-vCPU EPYC VM, spatial convs of
+    0.8-8 MB ran 0.034-0.047 ms/MB over their alone time in networks under 30 MB and
+    0.049-0.065 in larger ones, pointwise layers 0.013-0.025 in either.  With one curve for both, and long
     layers' rows at their alone time, the spatial convs of ResNet-18-D's and ResNet-10-T's
     last stages (9.4 MB each) were priced 0.69 ms against 1.19 ms in place.
     A layer too large for the caches reads its weights from memory alone too, and shows no
     excess: a curve prices layers of at most `max_bytes`, the layer size (of REREAD_CAPS of
     those measured, spread evenly in log, or none) whose curve, fitted to the layers up to
     it (REREAD_CAP_GRID middles), leaves the least absolute deviation over all of them,
-    the larger ones taken at none (layers of 18-81 MB ran within 0.006 ms/MB of their alone
-    time).  Seen on a 2-vCPU cloud VM: without such a curve ViT-B/16 (345 MB) was priced
+    the larger ones priced nothing (layers of 18-81 MB ran within 0.006 ms/MB of their
+    alone time).  Seen on a 2-vCPU cloud VM: without such a curve ViT-B/16 (345 MB) was priced
     24% under its time, its linear layers of 37 tokens 0.03-0.04 ms/MB each; MobileNetV2-1.4
     at 32 px, whose 1x1 convs of 1-3 MB on 2x2 maps took 1.7-1.9x their price, 18-26% low.
     Layers of 256 tokens or more showed none in ConvNeXt-tiny (114 MB), whose 16- and
