@@ -570,8 +570,9 @@ def test_spatial_convs_and_pointwise_layers_of_a_few_rows_pay_the_rate_of_their_
             paid = 0.0 if curve_of is None else layer.weight_bytes / 1e6 * (
                 WeightStream(**curve_of).rate(weights) - curve_of["resident_ms_per_mb"])
             assert a.latency_ms - b.latency_ms == pytest.approx(paid, abs=1e-12)
-    # in a model of 56 MB of weights the spatial conv pays 0.22 ms more, the pointwise layer nothing
-    assert 0.15 < rereading.estimate([spatial, pointwise, too_big]).costs[0].latency_ms - 0.7 < 0.3
+    # in a model of 57 MB of weights the spatial conv pays 0.29 ms more than its 0.7 ms row
+    # (the pointwise layer, whose curve is flat, nothing beyond its resident rate: the loop above)
+    assert 0.25 < rereading.estimate([spatial, pointwise, too_big]).costs[0].latency_ms - 0.7 < 0.35
     old = device(table, overhead={"weight_reread": {**reread[0], "kernels": "all"}})
     both = [spatial, pointwise]
     extra = old.estimate(both).costs[1].latency_ms - plain.estimate(both).costs[1].latency_ms
