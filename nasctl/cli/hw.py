@@ -113,6 +113,9 @@ def profile(
     refit: Annotated[bool, typer.Option("--refit", help=(
         "Measure nothing: fit the device again from the context networks its profile saved beside its table "
         "(measurements.json), read as this version of nasctl reads them."))] = False,
+    add_chains: Annotated[bool, typer.Option("--add-chains", help=(
+        "Time only the chained token kernels (a few minutes) and fit the device again from its saved context "
+        "networks with them: for a profile made before they were part of it, or to time them again."))] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ):
     """Measure this machine's onnxruntime CPU kernels in context and write a `kind: lut` device.
@@ -132,14 +135,38 @@ def profile(
     and every fortieth an int8 RegNet (grouped convs of tens of groups).
     Fifteen to fifty minutes with the defaults on two cores, by the machine (three
     sessions take about 40% longer than one).
+    A full profile also times the token kernels of small transformers (linear layers, layer
+    norms and adds over 4-64 tokens, 16-96 wide), which take too little time for
+    onnxruntime's profiler, end to end in chains of 2, 8 and 14 (a few minutes).
     --refit fits a profiled device again without measuring (minutes), e.g. after an
-    upgrade that tells more kernels apart."""
+    upgrade that tells more kernels apart; --add-chains times the chains and fits again."""
     from ..hardware.fit import write_device
     from ..hardware.measure.profile import profile_machine, refit_profile
     from ..hardware.measure.timing import Protocol
 
     folder = workspace.new_entry("hardware", device, "device")
-    if refit:
+    if refit and add_chains:
+        raise UsageError("--refit and --add-chains: give one (--add-chains fits the device again too)")
+    if add_chains:
+        from ..hardware.measure.chains import CHAIN_PASSES, chain_kernels, measure_chains
+        from ..hardware.measure.profile import chain_protocol
+
+        refit = True
+        if not (folder / "spec.yaml").is_file():
+            raise UsageError(f"no device '{device}' in {folder.parent} to add chains to: profile it first "
+                             f"(`nasctl hw profile --device {device}`)")
+        kernels = chain_kernels()
+        protocol = Protocol(threads=threads, rounds=rounds, repeats=3, sessions=sessions)
+        with _Bar("chaining") as bar:
+            steps = CHAIN_PASSES * len(kernels)
+            done = iter(range(1, steps + 1))
+            chains = measure_chains(kernels, chain_protocol(protocol), seed=seed,
+                                    on_kernel=lambda: bar.update(next(done), steps, "chained kernels"))
+        with _Bar("fitting") as bar:
+            bar.update(0, 1, "fitting")
+            fitted = refit_profile(device, folder, chains=chains)
+            bar.update(1, 1, "fitting")
+    elif refit:
         if not (folder / "spec.yaml").is_file():
             raise UsageError(f"no device '{device}' in {folder.parent} to fit again: profile it first "
                              f"(`nasctl hw profile --device {device}`)")
@@ -159,8 +186,10 @@ def profile(
         return print_json(doc)
     r = fitted.report
     if refit:
+        chained = fitted.spec["measurement"].get("chained_kernels")
         out.print(f"Fitted again from {r['networks']} measured context networks ({r['layers']} kernels, "
-                  f"{len(fitted.rows)} distinct) in {r['fitting_seconds']:.0f} s.")
+                  f"{len(fitted.rows)} distinct)" + (f" and {chained} chained kernels" if chained else "")
+                  + f" in {r['fitting_seconds']:.0f} s.")
     else:
         out.print(f"Profiled {r['networks']} context networks ({r['layers']} kernels, {len(fitted.rows)} distinct) "
                   f"in {r['seconds']:.0f} s with {threads} thread(s).")

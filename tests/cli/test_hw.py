@@ -155,6 +155,32 @@ def test_quick_profile_writes_the_local_device(ws, tmp_path):
     assert (ws / "hardware" / "cpu-local" / "lut.csv").read_text() == table
 
 
+def test_a_profile_gains_chained_token_kernels_without_measuring_its_networks_again(ws, monkeypatch):
+    from nasctl.hardware.measure import chains, profile
+
+    result = invoke("--workspace", ws, "hw", "profile", "--kernels", 20, "--rounds", 2)
+    assert result.exit_code == 0, result.output
+    folder = ws / "hardware" / "cpu-local"
+    networks = json.loads((folder / "measurements.json").read_text())["networks"]
+    # (two of the kernels a full profile chains, each timed quickly)
+    monkeypatch.setattr(chains, "chain_kernels", lambda: [chains.token_layer("linear", 32, 32, 4),
+                                                          chains.token_layer("norm", 16, 16, 16, fn="layer")])
+    monkeypatch.setattr(profile, "CHAIN_SPREAD_S", 0.0)
+    one_line_error(invoke("--workspace", ws, "hw", "profile", "--refit", "--add-chains"), 2, "give one")
+    added = invoke("--workspace", ws, "hw", "profile", "--add-chains", "--rounds", 2)
+    assert added.exit_code == 0, added.output
+    assert "and 2 chained kernels" in " ".join(added.stdout.split())
+    doc = json.loads((folder / "measurements.json").read_text())
+    assert doc["networks"] == networks and len(doc["chains"]) == 2
+    spec = yaml.safe_load((folder / "spec.yaml").read_text())
+    assert spec["measurement"]["chained_kernels"] == 2
+    # a refit keeps them
+    assert invoke("--workspace", ws, "hw", "profile", "--refit").exit_code == 0
+    assert len(json.loads((folder / "measurements.json").read_text())["chains"]) == 2
+    one_line_error(invoke("--workspace", ws, "hw", "profile", "--device", "board", "--add-chains"), 2,
+                   "no device 'board'")
+
+
 def test_profile_without_a_workspace_is_one_line():
     one_line_error(invoke("hw", "profile", "--kernels", 20), 2, "no workspace")
 

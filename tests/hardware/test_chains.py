@@ -1,29 +1,35 @@
-"""benchmarks/chains.py: kernels too short for the profiler, timed end to end in chains."""
+"""Token kernels too short for onnxruntime's profiler, timed end to end in chains (`hw profile`)."""
+import json
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
+from nasctl.errors import UsageError
 from nasctl.hardware.layers import LayerSpec
+from nasctl.hardware.lut import layer_from_row, row_from_layer
+from nasctl.hardware.measure.chains import (CHAIN_LENGTHS, chain_kernels, chain_network, chained_ms, chained_rows,
+                                            measure_chains, token_layer, way_back)
 from nasctl.hardware.onnx_import import import_onnx
 
 
-def _token(op: str, cin: int, cout: int, tokens: int, fn: str = "") -> LayerSpec:
-    return LayerSpec(op, cin, cout, (tokens, 1), (tokens, 1), (1, 1), 1, 1, 32, 32, fn=fn)
-
-
-@pytest.mark.parametrize("layer,back", [
-    (_token("linear", 16, 16, 4), None),
-    (_token("linear", 16, 64, 16, fn="gelu"), _token("linear", 64, 16, 16, fn="gelu")),  # with its way back
-    (_token("norm", 32, 32, 16, fn="layer"), None),
-    (_token("add", 48, 48, 4), None),
+@pytest.mark.parametrize("layer", [
+    token_layer("linear", 16, 16, 4),
+    token_layer("linear", 16, 64, 16, fn="gelu"),  # with its way back, as a transformer's MLP has it
+    token_layer("norm", 32, 32, 16, fn="layer"),
+    token_layer("add", 48, 48, 64),
 ])
-def test_a_chain_holds_the_kernel_as_often_as_asked_and_the_importer_reads_it_so(tmp_path, bench_module, layer, back):
-    chains = bench_module("chains")
-    assert chains.chainable(layer)
+def test_a_chain_holds_the_kernel_as_often_as_asked_and_the_importer_reads_it_so(tmp_path, layer):
+    back = way_back(layer)
+    assert (back is None) == (layer.out_ch == layer.in_ch)
+    if back is not None:
+        assert (back.in_ch, back.out_ch, back.fn) == (layer.out_ch, layer.in_ch, "")
     linked = {layer.shape_key()} | ({back.shape_key()} if back else set())
     count, ends = {}, {}
     for k in (2, 5):
         path = tmp_path / f"chain{k}.onnx"
-        path.write_bytes(chains.chain_network(layer, k))
-        keys = [l.shape_key() for l in import_onnx(path).layers]
+        path.write_bytes(chain_network(layer, k).SerializeToString())
+        keys = [lay.shape_key() for lay in import_onnx(path).layers]
         count[k] = {key: keys.count(key) for key in linked}
         ends[k] = [key for key in keys if key not in linked]
     # three more links, three more of each linked kernel and nothing else: the slope over
@@ -32,8 +38,79 @@ def test_a_chain_holds_the_kernel_as_often_as_asked_and_the_importer_reads_it_so
     assert ends[5] == ends[2]
 
 
-def test_only_token_kernels_of_small_inputs_are_chained(bench_module):
-    chains = bench_module("chains")
-    assert not chains.chainable(_token("linear", 16, 16, 5))  # not 4 or 16 tokens
-    assert not chains.chainable(LayerSpec("conv", 16, 16, (4, 4), (4, 4), (3, 3), 1, 1, 32, 32))
-    assert not chains.chainable(LayerSpec("linear", 16, 16, (4, 1), (4, 1), (1, 1), 1, 1, 8, 8))  # int8
+def test_every_kernel_a_profile_chains_can_be_built_and_other_token_counts_are_refused():
+    kernels = chain_kernels()
+    assert len({k.shape_key() for k in kernels}) == len(kernels) == 90
+    assert {k.in_hw[0] for k in kernels} == {4, 16, 64} and {(k.op, k.fn) for k in kernels} == {
+        ("linear", ""), ("linear", "gelu"), ("norm", "layer"), ("add", "")}
+    for k in kernels[::7]:
+        chain_network(k, 2)
+    with pytest.raises(ValueError, match="cannot chain a kernel of 9 tokens"):
+        chain_network(token_layer("linear", 16, 16, 9), 2)
+
+
+def _entry(layer: LayerSpec, per_link_ms: float, base_ms: float = 0.01, ws: float = 5e4) -> dict:
+    return {"row": row_from_layer(layer, 0.0), "lengths": list(CHAIN_LENGTHS),
+            "ms": [base_ms + per_link_ms * k for k in CHAIN_LENGTHS], "working_set_bytes": ws}
+
+
+def test_a_chained_kernel_costs_the_slope_of_its_chains_and_a_widening_pair_halves_it():
+    plain, wide = token_layer("linear", 32, 32, 4), token_layer("linear", 32, 128, 4, fn="gelu")
+    assert chained_ms(_entry(plain, 7.6e-4)) == pytest.approx(7.6e-4)
+    assert chained_ms(_entry(wide, 3e-3)) == pytest.approx(1.5e-3)
+    rows = chained_rows([_entry(plain, 7.6e-4), _entry(wide, 3e-3)])
+    got = {layer_from_row(r).shape_key(): ms for r, _ in rows for ms in [r["latency_ms"]]}
+    assert got == pytest.approx({plain.shape_key(): 7.6e-4, wide.shape_key(): 1.5e-3,
+                                 way_back(wide).shape_key(): 1.5e-3})
+
+
+def test_chains_are_timed_for_real_and_each_link_adds_time():
+    from nasctl.hardware.measure.runner import Protocol
+
+    layer = token_layer("linear", 48, 192, 16, fn="gelu")
+    (entry,) = measure_chains([layer], Protocol(rounds=4, repeats=2, warmup=1))
+    assert entry["lengths"] == list(CHAIN_LENGTHS) and layer_from_row(entry["row"]).shape_key() == layer.shape_key()
+    assert entry["ms"][0] < entry["ms"][1] < entry["ms"][2] and entry["working_set_bytes"] > 48 * 192 * 4 * 16
+    assert 0 < chained_ms(entry) < 0.05
+
+
+def _token_networks(n: int = 40, seed: int = 3):
+    """Measured networks of convs and a 4-token linear layer whose profiled time is floored
+    (0.1 µs), as onnxruntime's profiler leaves such a kernel; it takes 0.8 µs."""
+    from nasctl.hardware.measure.attribution import MeasuredNetwork
+
+    rng = np.random.default_rng(seed)
+    token = token_layer("linear", 32, 32, 4)
+    nets = []
+    for i in range(n):
+        layers = [LayerSpec("conv", c, c, (hw, hw), (hw, hw), (3, 3), name=f"k{j}:conv")
+                  for j, (c, hw) in enumerate(zip(rng.integers(8, 65, 4).tolist(), rng.integers(6, 17, 4).tolist()))]
+        layers.append(replace(token, name="k9:linear"))
+        times = [2e-3 + layer.macs * 1e-8 for layer in layers[:-1]] + [1e-4]
+        nets.append(MeasuredNetwork(f"net {i}", layers, times, [1.0] * len(layers), 0.01 + sum(times[:-1]) + 8e-4))
+    return token, nets
+
+
+def test_chained_rows_take_the_place_of_the_profiled_rows_the_profiler_could_not_resolve(tmp_path):
+    from nasctl.hardware.fit import MEASUREMENTS_FILE, write_device
+    from nasctl.hardware.measure.profile import fit_profile, refit_profile
+
+    token, nets = _token_networks()
+    chains = [_entry(token, 8e-4, ws=6e4), _entry(token_layer("norm", 32, 32, 4, fn="layer"), 5e-4)]
+    plain = fit_profile("cpu-local", nets, {}, [0] * len(nets), [[1.0]])
+    fitted = fit_profile("cpu-local", nets, {}, [0] * len(nets), [[1.0]], chains)
+    assert fitted.spec["measurement"]["chained_kernels"] == 2
+    rows = [r for r in fitted.rows if layer_from_row(r).shape_key() == token.shape_key()]
+    assert len(rows) == 1  # one row of that shape: the chained one, not the profiled ones beside it
+    model = nets[0].layers  # (the run overhead goes to a model's first layer)
+    assert fitted.device().estimate(model).costs[-1].latency_ms == pytest.approx(8e-4, rel=0.25)
+    assert plain.device().estimate(model).costs[-1].latency_ms < 4e-4  # from the profiled rows: far too low
+
+    folder = tmp_path / "hardware" / "cpu-local"
+    write_device(folder, fitted)
+    doc = json.loads((folder / MEASUREMENTS_FILE).read_text())
+    assert doc["chains"] == chains  # saved beside the networks: a refit keeps them
+    assert refit_profile("cpu-local", folder).rows == fitted.rows
+    (folder / MEASUREMENTS_FILE).write_text(json.dumps({**doc, "chains": [{"row": {}}]}))
+    with pytest.raises(UsageError, match="cannot read the measured context networks"):
+        refit_profile("cpu-local", folder)

@@ -26,6 +26,7 @@ from .attribution import (FLOOR_MS, MeasuredNetwork, in_context_costs, known_lay
                           measure_networks, measured_network, prepare_networks, reorder_times, tagged_by_kernel)
 from .context import (OPSET, TAG, grouped_network, headed_network, joined_network, mobile_network, multiplier_network,
                       narrow_network, odd_width_network, random_network, strided_network, wide_network)
+from .chains import CHAIN_PASSES, chain_kernels, chained_rows, measure_chains
 from .runner import Protocol, measure_chunks
 from .timing import measure_models
 
@@ -87,6 +88,8 @@ JOINED_EVERY, JOINED_AT = 20, 16  # half of another slot the random networks hel
 GROUPED_EVERY, GROUPED_AT = 40, 6  # a quarter of that slot
 LARGE_MACS = (1e8, 1e9)
 LARGE_PREFIX = "large "  # a large network's description starts so
+CHAINED_HOW = ("token kernels of a few microseconds or less (`chains.chain_kernels`) chained 2, 8 and 14 times in "
+               "tiny token networks timed end to end; the slope over the lengths, in place of their profiled rows")
 KNEE_GAIN = 0.02  # the least share of the loss a slope without a working-set knee must take off to be kept
 # The float rows are scaled to the reference working set and the device fitted again at most
 # SCALING_PASSES times, until the slope moves by less than SCALING_TOLERANCE (`fit_profile`).
@@ -272,7 +275,9 @@ def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: i
     networks = context_networks(kernels, seed)
     refs = reference_networks(references)
     chunks = chunk_seeds(len(networks), chunk, seed)
-    total = 3 * protocol.rounds * len(chunks)  # per chunk: profiled rounds, end-to-end rounds, long kernels alone
+    chain = chain_kernels() if kernels >= LARGE_FROM else []  # (a quick profile stays quick)
+    # per chunk: profiled rounds, end-to-end rounds, long kernels alone; then one per chained kernel and pass
+    total = 3 * protocol.rounds * len(chunks) + CHAIN_PASSES * len(chain)
     ticks = iter(range(1, 10 ** 9))
 
     def tick():
@@ -297,17 +302,26 @@ def profile_machine(name: str, protocol: Protocol, kernels: int = 15000, seed: i
                          for i, res, t in zip(chunks[k][1], layers[k], times)]
             chunk_of += [k] * len(times)
             ref_ms.append([t.latency_ms for t in ref_times])
+    chains = measure_chains(chain, chain_protocol(protocol), seed=seed, on_kernel=tick)
     measurement = {**protocol.describe(), "seed": seed, "seeding": seeding_for(kernels), "references": references,
                    "machine": machine(), "measuring_seconds": round(time.perf_counter() - start, 1)}
     if on_progress is not None:
         on_progress(total, total, "fitting the regressors")
-    fitted = fit_profile(name, measured, measurement, chunk_of, ref_ms)
+    fitted = fit_profile(name, measured, measurement, chunk_of, ref_ms, chains)
     fitted.report["seconds"] = time.perf_counter() - start
     return fitted
 
 
+CHAIN_SPREAD_S = 1.0  # the seconds each kernel's chains' rounds are spread over
+
+
+def chain_protocol(protocol: Protocol) -> Protocol:
+    """How a profile of `protocol` times the chained kernels: its rounds spread over CHAIN_SPREAD_S."""
+    return replace(protocol, spread_s=CHAIN_SPREAD_S)
+
+
 def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, chunk_of: Sequence[int],
-                reference_ms: Sequence[Sequence[float]]):
+                reference_ms: Sequence[Sequence[float]], chains: Sequence[dict] = ()):
     """The `lut` device of measured context networks (`measurement`: how they were measured,
     recorded in the spec).  `chunk_of` gives each network's chunk, `reference_ms` the times
     of the reference networks measured in each chunk: a chunk whose references ran slower
@@ -315,8 +329,11 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
     scaled to the median chunk's - the device prices the machine in its typical state, not
     its quietest.  The networks travel with it (`FittedDevice.files`, written as
     `measurements.json`), so that the device can be fitted again without measuring
-    (`refit_profile`)."""
-    from ..lut import WorkingSet, row_from_layer, working_set_factor
+    (`refit_profile`).  `chains` are the token kernels timed end to end in chains
+    (`chains.measure_chains`): their rows take the place of the profiled rows of the same
+    shape, which the profiler cannot resolve."""
+    from ..lut import (ENERGY_COLUMN, WorkingSet, layer_from_row, row_from_layer, working_set_factor,
+                       working_set_factor_of)
 
     start = time.perf_counter()
     ref = np.array(reference_ms, dtype=float).reshape(len(reference_ms), -1)
@@ -356,6 +373,15 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
         replaced = {r.layer for r in known_layout(m, block) if r.replaces}
         rows += [{**row_from_layer(layer, ms, None if share is None else max(m.energy_mj * share, FLOOR_MS)),
                   "group": i} for j, (layer, ms, share) in enumerate(zip(m.layers, ts, shares)) if j not in replaced]
+    chained = chained_rows(chains)
+    if chained:
+        shapes = {layer_from_row(r).shape_key() for r, _ in chained}
+        rows = [r for r in rows if layer_from_row(r).shape_key() not in shapes]
+        # a chained kernel's energy: its time at the context networks' median power
+        power = (float(np.median([m.energy_mj / m.latency_ms for m in measured]))
+                 if all(m.energy_mj is not None for m in measured) else None)
+        rows += [{**r, **({ENERGY_COLUMN: max(r["latency_ms"] * power, FLOOR_MS)} if power is not None else {}),
+                  "group": len(measured) + j} for j, (r, _) in enumerate(chained)]
     measurement = {**measurement, "context_networks": len(measured), "kernels_timed": done,
                    "how": "per-node kernel times from onnxruntime profiling inside random context networks, summed "
                           "per kernel (minimum over the profiled runs) less the profiler's own cost per node; "
@@ -364,7 +390,7 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
                           "so that its kernels and the run overhead add up to its end-to-end time (where long "
                           "kernels take most of it, leaning on the typical scale by their share); the run "
                           "overhead and the profiler's cost per node fitted to the networks' end-to-end times",
-                   **norm}
+                   **norm, **({"chained_kernels": len(chains), "chained_how": CHAINED_HOW} if chains else {})}
     energy = ("RAPL package energy per run of each context network (counters' increase over 0.2 s of runs), "
               "apportioned to its kernels by their share of its time; includes the package's idle and uncore power"
               if all(m.energy_mj is not None for m in measured)
@@ -396,7 +422,8 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
                                    SCALING_TOLERANCE and working_set.get("knee_bytes") == scaled_by.get("knee_bytes")):
             break
         scaled_by = working_set
-        factors = [working_set_factor(WorkingSet(**working_set), m.layers) for m in measured]
+        factors = ([working_set_factor(WorkingSet(**working_set), m.layers) for m in measured]
+                   + [working_set_factor_of(WorkingSet(**working_set), size) for _, size in chained])
         table = [{**row, "latency_ms": max(row["latency_ms"] / factors[row["group"]], FLOOR_MS)}
                  if (row["w_bits"], row["a_bits"]) == (32, 32) else row for row in rows]
         fitted, working_set = _fit_table(name, table, measured, description, extra)
@@ -414,7 +441,8 @@ def fit_profile(name: str, raw: Sequence[MeasuredNetwork], measurement: dict, ch
     fitted.spec["fit"]["context_networks"] = {k: round(v, 4) for k, v in fitted.report.items() if k.startswith("networks_")}
     fitted.files[MEASUREMENTS_FILE] = {"format": 2, "measurement": measurement, "chunk_of": list(chunk_of),
                                        "reference_ms": [list(map(float, r)) for r in reference_ms],
-                                       "networks": [m.to_dict() for m in raw]}
+                                       "networks": [m.to_dict() for m in raw],
+                                       **({"chains": list(chains)} if chains else {})}
     return fitted
 
 
@@ -760,7 +788,9 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
     block = (spec["overhead"].get("layout") or {}).get("block")
     price, count, layout = np.zeros(n), np.zeros((n, len(names))), np.zeros(n)
     for k in range(folds):
-        device = FittedDevice(name, base, _median_rows([r for r in rows if fold[r["group"]] != k], targets)).device()
+        # (rows of no context network, a chained kernel's, are in every fold's table)
+        device = FittedDevice(name, base, _median_rows([r for r in rows if r["group"] >= n or fold[r["group"]] != k],
+                                                       targets)).device()
         for i in np.flatnonzero(fold == k):
             report = device.estimate(measured[i].layers)
             price[i] = report.latency_ms
@@ -826,9 +856,10 @@ def kernel_offsets(name: str, rows: Sequence[dict], measured: Sequence[MeasuredN
         "out_of_fold_within_10pct": {"without_offsets": within(before), "with_offsets_fitted_on_all": within(after)}}
 
 
-def refit_profile(name: str, folder: Path):
+def refit_profile(name: str, folder: Path, chains: Optional[Sequence[dict]] = None):
     """Fit the device again from the context networks a profile saved in `folder`
-    (`measurements.json`), without measuring anything."""
+    (`measurements.json`), without measuring anything; with `chains`, those chained kernels
+    (`chains.measure_chains`) in place of the ones it saved."""
     import json
 
     from ...errors import UsageError
@@ -840,12 +871,14 @@ def refit_profile(name: str, folder: Path):
             raise ValueError("format")
         measured = [MeasuredNetwork.from_dict(d) for d in doc["networks"]]
         chunk_of, reference_ms = doc["chunk_of"], doc["reference_ms"]
+        chains = list(doc.get("chains") or []) if chains is None else list(chains)
+        chained_rows(chains)  # (readable)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{path}: cannot read the measured context networks ({type(e).__name__}); profile the "
                          f"machine again with `nasctl hw profile`") from None
     measurement = {k: v for k, v in doc.get("measurement", {}).items()
                    if k not in ("chunk_slowdown_corrected", "reference_ms", "speed_references")}
-    return fit_profile(name, read_again(measured, measurement), measurement, chunk_of, reference_ms)
+    return fit_profile(name, read_again(measured, measurement), measurement, chunk_of, reference_ms, chains)
 
 
 def read_again(measured: Sequence[MeasuredNetwork], measurement: dict) -> list[MeasuredNetwork]:
