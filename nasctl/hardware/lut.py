@@ -251,12 +251,7 @@ def working_set_factor(working_set: Optional[WorkingSet], layers: Sequence[Layer
     """What `working_set` scales the kernels of the model `layers` by (1 without one)."""
     if working_set is None or not layers:
         return 1.0
-    return working_set_factor_of(working_set, working_set_bytes(layers))
-
-
-def working_set_factor_of(working_set: WorkingSet, size: float) -> float:
-    """What `working_set` scales the kernels of a model of a working set of `size` bytes by."""
-    size = max(size, 1.0)
+    size = max(working_set_bytes(layers), 1.0)
     if working_set.knee_bytes is not None:
         size = min(size, working_set.knee_bytes)
     low, high = WORKING_SET_CLIP

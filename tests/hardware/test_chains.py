@@ -59,7 +59,7 @@ def test_a_chained_kernel_costs_the_slope_of_its_chains_and_a_widening_pair_halv
     assert chained_ms(_entry(plain, 7.6e-4)) == pytest.approx(7.6e-4)
     assert chained_ms(_entry(wide, 3e-3)) == pytest.approx(1.5e-3)
     rows = chained_rows([_entry(plain, 7.6e-4), _entry(wide, 3e-3)])
-    got = {layer_from_row(r).shape_key(): ms for r, _ in rows for ms in [r["latency_ms"]]}
+    got = {layer_from_row(r).shape_key(): r["latency_ms"] for r in rows}
     assert got == pytest.approx({plain.shape_key(): 7.6e-4, wide.shape_key(): 1.5e-3,
                                  way_back(wide).shape_key(): 1.5e-3})
 

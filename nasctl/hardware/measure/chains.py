@@ -125,10 +125,9 @@ def chained_ms(entry: dict) -> float:
     return slope / (2 if way_back(layer_from_row(entry["row"])) is not None else 1)
 
 
-def chained_rows(chains: Sequence[dict]) -> list[tuple[dict, float]]:
+def chained_rows(chains: Sequence[dict]) -> list[dict]:
     """The table rows the chained kernels give (a widening linear layer's way back too, at
-    the same cost), each with the working set of the chain it was timed in; at least
-    `attribution.FLOOR_MS` each."""
+    the same cost), at least `attribution.FLOOR_MS` each."""
     from ..lut import layer_from_row, row_from_layer
     from .attribution import FLOOR_MS
 
@@ -136,8 +135,8 @@ def chained_rows(chains: Sequence[dict]) -> list[tuple[dict, float]]:
     for entry in chains:
         layer = layer_from_row(entry["row"])
         ms = max(chained_ms(entry), FLOOR_MS)
-        rows.append((row_from_layer(layer, ms), entry["working_set_bytes"]))
+        rows.append(row_from_layer(layer, ms))
         back = way_back(layer)
         if back is not None:
-            rows.append((row_from_layer(back, ms), entry["working_set_bytes"]))
+            rows.append(row_from_layer(back, ms))
     return rows
