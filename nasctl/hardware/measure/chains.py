@@ -19,8 +19,6 @@ or longer kernels take several microseconds, which the profiler resolves.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -91,11 +89,10 @@ def measure_chains(kernels: Sequence[LayerSpec], protocol, seed: int = 0,
     """Each kernel's chains timed end to end, the lengths of one kernel together (the
     protocol's interleaved rounds, minimum, the median session), in CHAIN_PASSES passes
     over the kernels (the second in reverse order), the least time of each chain kept: per
-    kernel, its row (`lut.row_from_layer`), the times of its chains and the working set of
-    the middle one.  (In one pass, 4 of 54 kernels' slopes came out 30-80% off another
-    pass's, a spell of a slower machine over some of a kernel's chains.)"""
-    from ..lut import row_from_layer, working_set_bytes
-    from ..onnx_import import import_onnx
+    kernel, its row (`lut.row_from_layer`) and the times of its chains.  (In one pass, 6 of
+    90 kernels' slopes came out 0.4-1.8x those of two: a spell of a slower machine over
+    some of a kernel's chains.)"""
+    from ..lut import row_from_layer
     from .timing import measure_models
 
     models = [[chain_network(layer, k, seed).SerializeToString() for k in CHAIN_LENGTHS] for layer in kernels]
@@ -105,15 +102,8 @@ def measure_chains(kernels: Sequence[LayerSpec], protocol, seed: int = 0,
             best[i] = np.minimum(best[i], measure_models(models[i], protocol, seed=seed + i + p * len(kernels)))
             if on_kernel is not None:
                 on_kernel()
-    out = []
-    with tempfile.TemporaryDirectory(prefix="nasctl-chains-") as tmp:
-        middle = Path(tmp) / "middle.onnx"
-        for layer, chain, times in zip(kernels, models, best):
-            middle.write_bytes(chain[len(chain) // 2])
-            out.append({"row": row_from_layer(layer, 0.0), "lengths": list(CHAIN_LENGTHS),
-                        "ms": [round(float(t), 7) for t in times],
-                        "working_set_bytes": float(working_set_bytes(import_onnx(middle).layers))})
-    return out
+    return [{"row": row_from_layer(layer, 0.0), "lengths": list(CHAIN_LENGTHS),
+             "ms": [round(float(t), 7) for t in times]} for layer, times in zip(kernels, best)]
 
 
 def chained_ms(entry: dict) -> float:
