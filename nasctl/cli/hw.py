@@ -114,8 +114,9 @@ def profile(
         "Measure nothing: fit the device again from the context networks its profile saved beside its table "
         "(measurements.json), read as this version of nasctl reads them."))] = False,
     add_chains: Annotated[bool, typer.Option("--add-chains", help=(
-        "Time only the chained token kernels (a few minutes) and fit the device again from its saved context "
-        "networks with them: for a profile made before they were part of it, or to time them again."))] = False,
+        "Time only the chained token and attention kernels (ten minutes or more) and fit the device again from "
+        "its saved context networks with them: for a profile made before they were part of it, or to time them "
+        "again."))] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ):
     """Measure this machine's onnxruntime CPU kernels in context and write a `kind: lut` device.
@@ -136,8 +137,9 @@ def profile(
     Fifteen to fifty minutes with the defaults on two cores, by the machine (three
     sessions take about 40% longer than one).
     A full profile also times the token kernels of small transformers (linear layers, layer
-    norms and adds over 4-64 tokens, 16-96 wide), which take too little time for
-    onnxruntime's profiler, end to end in chains of 2, 8 and 14 (a few minutes).
+    norms and adds over 4-64 tokens, 16-96 wide; attention's products, softmax and
+    transposes of 1-4 heads, 16-64 wide), which take too little time for onnxruntime's
+    profiler, end to end in chains of 2, 8 and 14 (ten minutes or more).
     --refit fits a profiled device again without measuring (minutes), e.g. after an
     upgrade that tells more kernels apart; --add-chains times the chains and fits again."""
     from ..hardware.fit import write_device

@@ -9,12 +9,25 @@ rows priced it at 0.31 µs, and transformers of 4 tokens were priced 8-20% low.
 
 So `hw profile` times them without the profiler: a tiny token network (an 8x8 input
 patched to CHAIN_TOKENS tokens) with the kernel chained CHAIN_LENGTHS times, end to end;
-the slope of its time over the chain lengths is the kernel's cost (`chained_ms`).  A
-linear layer that widens the tokens is chained with its way back, and each of the pair is
-given half the pair's slope; an add is chained as a tensor added to itself.  The kernels
-(`chain_kernels`): linear layers of each width of CHAIN_WIDTHS to itself and, with a GELU,
-to CHAIN_RATIOS times it (and back), layer norms and adds, over each token count.  Wider
-or longer kernels take several microseconds, which the profiler resolves.
+the slope of its time over the chain lengths is the cost of one link (`chained_ms`).  A
+link holds the kernel and what it cannot run without (`unit_rows`): a linear layer that
+widens the tokens is chained with its way back; an add is chained as a tensor added to
+itself.  The kernels (`chain_kernels`): linear layers of each width of CHAIN_WIDTHS to
+itself and, with a GELU, to CHAIN_RATIOS times it (and back), layer norms and adds, over
+each token count.  Wider or longer kernels take several microseconds, which the profiler
+resolves.
+
+Attention's kernels are chained too (`attention_kernels`), for each token count, head
+count of CHAIN_HEADS and width of CHAIN_ATTENTION_WIDTHS: the softmax of the scores alone;
+the scores' product, chained with that softmax and the product mixing the values (the
+softmax keeps the chain's values bounded); and the split of the tokens into heads,
+chained with all of that, the merge of the heads and a linear layer (onnxruntime would
+cancel a split and a merge that meet).  On a 2-vCPU EPYC, attention of 2 or 4 heads was
+priced 12-22% low over 4 tokens and up to 31% high over 64 from the profiled rows.
+
+Each link's cost is shared out among its kernels (`chained_rows`): those a shorter link
+costs already take that cost, and the rest share what is left evenly (the two products
+of a head do the same multiply-adds, and a split and a merge move the same data).
 """
 
 from __future__ import annotations
@@ -23,7 +36,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from ..layers import LayerSpec
+from ..layers import STRIDED, LayerSpec, chw, transpose_is_strided
 from .context import NetBuilder
 
 CHAIN_LENGTHS = (2, 8, 14)
@@ -32,6 +45,10 @@ CHAIN_TOKENS = (4, 16, 64)  # an 8x8 input patched by 4, 2 and 1
 CHAIN_WIDTHS = (16, 24, 32, 48, 64, 96)
 CHAIN_RATIOS = (2, 4)  # the MLP widenings chained, with a GELU
 CHAIN_INPUT = 8  # the side of the chains' one-channel input
+CHAIN_HEADS = (1, 2, 4)
+CHAIN_ATTENTION_WIDTHS = (16, 32, 48, 64)  # (each of CHAIN_WIDTHS: a split's chain holds a linear layer)
+SPLIT = (0, 2, 1, 3)  # [1, T, heads, d] -> [1, heads, T, d], and back (the merge)
+KEYS = (0, 2, 3, 1)  # [1, T, heads, d] -> [1, heads, d, T]: the keys, transposed for the scores' product
 
 
 def token_layer(op: str, cin: int, cout: int, tokens: int, fn: str = "") -> LayerSpec:
@@ -42,14 +59,40 @@ def token_layer(op: str, cin: int, cout: int, tokens: int, fn: str = "") -> Laye
 def chain_kernels(tokens: Sequence[int] = CHAIN_TOKENS, widths: Sequence[int] = CHAIN_WIDTHS,
                   ratios: Sequence[int] = CHAIN_RATIOS) -> list[LayerSpec]:
     """The kernels a profile chains: per token count and width, a linear layer to the same
-    width, one with a GELU to each ratio of it, a layer norm and an add."""
+    width, one with a GELU to each ratio of it, a layer norm and an add; then attention's
+    (`attention_kernels`)."""
     kernels = []
     for t in tokens:
         for w in widths:
             kernels.append(token_layer("linear", w, w, t))
             kernels += [token_layer("linear", w, r * w, t, fn="gelu") for r in ratios]
             kernels += [token_layer("norm", w, w, t, fn="layer"), token_layer("add", w, w, t)]
+    return kernels + attention_kernels(tokens)
+
+
+def attention_kernels(tokens: Sequence[int] = CHAIN_TOKENS, widths: Sequence[int] = CHAIN_ATTENTION_WIDTHS,
+                      heads: Sequence[int] = CHAIN_HEADS) -> list[LayerSpec]:
+    """The attention kernels a profile chains: per token count and head count, the scores'
+    softmax, and per width too, the scores' product, the split into heads and the keys'
+    transpose (where it is not of the split's shape)."""
+    kernels = []
+    for t in tokens:
+        for h in heads:
+            kernels.append(LayerSpec("softmax", h, h, (t, t), (t, t), w_bits=32, a_bits=32))
+            for w in widths:
+                if w % h == 0:
+                    split, keys = heads_transpose(t, h, w // h, SPLIT), heads_transpose(t, h, w // h, KEYS)
+                    kernels += [LayerSpec("matmul", w // h, t, (t, h), (t, h), w_bits=32, a_bits=32, bias=False),
+                                split] + ([keys] if keys.shape_key() != split.shape_key() else [])
     return kernels
+
+
+def heads_transpose(tokens: int, heads: int, d: int, perm: Sequence[int]) -> LayerSpec:
+    """The transpose of [1, tokens, heads, d] by `perm` (SPLIT or KEYS), as the importer reads it."""
+    shape = (1, tokens, heads, d)
+    (cin, in_hw), (cout, out_hw) = chw(shape), chw(tuple(shape[a] for a in perm))
+    return LayerSpec("data", cin, cout, in_hw, out_hw, w_bits=32, a_bits=32,
+                     fn=STRIDED if transpose_is_strided(shape, perm) else "transpose")
 
 
 def way_back(layer: LayerSpec) -> Optional[LayerSpec]:
@@ -61,13 +104,16 @@ def way_back(layer: LayerSpec) -> Optional[LayerSpec]:
 
 def chain_network(layer: LayerSpec, k: int, seed: int = 0):
     """An onnx model of `layer` chained `k` times (with its way back for a linear layer that
-    widens) between a patch conv and a classifier."""
-    tokens = layer.in_hw[0]
+    widens; an attention kernel with what it runs with: the module's docstring) between a
+    patch conv and a classifier."""
+    tokens = layer.in_ch if layer.op == "data" else layer.in_hw[0]
     side = int(round(np.sqrt(tokens)))
     if side * side != tokens or CHAIN_INPUT % side:
         raise ValueError(f"cannot chain a kernel of {tokens} tokens: the {CHAIN_INPUT}x{CHAIN_INPUT} input patches "
                          f"to {', '.join(str((CHAIN_INPUT // p) ** 2) for p in (4, 2, 1))}")
     b = NetBuilder(np.random.default_rng(seed), (1, 1, CHAIN_INPUT, CHAIN_INPUT))
+    if layer.op in ("softmax", "matmul", "data"):
+        return b.model(_attention_chain(b, layer, k, side))
     x = b.conv("input", layer.in_ch, CHAIN_INPUT // side, CHAIN_INPUT // side, pad=0)
     tag = b._tag()
     x = b.transpose(b.reshape(x, (1, layer.in_ch, tokens), tag), (0, 2, 1), tag)
@@ -84,14 +130,88 @@ def chain_network(layer: LayerSpec, k: int, seed: int = 0):
     return b.model(b.classifier(b.token_mean(b.layer_norm(x)), 10))
 
 
+def _attention_chain(b: NetBuilder, layer: LayerSpec, k: int, side: int) -> str:
+    """The output of `layer`'s attention chain (`chain_network`), built on `b`."""
+    if layer.op == "softmax":
+        heads, tokens, d = layer.in_ch, layer.in_hw[0], 8
+    elif layer.op == "matmul":
+        heads, tokens, d = layer.in_hw[1], layer.out_ch, layer.in_ch
+    else:
+        tokens, (heads, d) = layer.in_ch, layer.in_hw
+    width = heads * d
+    x = b.conv("input", width, CHAIN_INPUT // side, CHAIN_INPUT // side, pad=0)
+    tag = b._tag()
+    x = b.transpose(b.reshape(x, (1, width, tokens), tag), (0, 2, 1), tag)
+
+    def split(y):
+        tag = b._tag()
+        return b.transpose(b.reshape(y, (1, tokens, heads, d), tag), SPLIT, tag)
+
+    def merge(y):
+        tag = b._tag()
+        return b.reshape(b.transpose(y, SPLIT, tag), (1, tokens, width), tag)
+
+    tag = b._tag()
+    keys = b.transpose(b.reshape(x, (1, tokens, heads, d), tag), (0, 2, 3, 1), tag)  # once, outside the links
+    values = split(x)
+    scores = lambda y: b.scale(b.matmul(y, keys), d ** -0.5)  # noqa: E731
+    if layer.op == "softmax":
+        y = b.softmax(scores(values))
+        for _ in range(k):
+            y = b.softmax(y)
+        return b.classifier(b.token_mean(b.layer_norm(merge(b.matmul(y, values)))), 10)
+    if layer.op == "matmul":
+        y = values
+        for _ in range(k):
+            y = b.matmul(b.softmax(scores(y)), values)
+        return b.classifier(b.token_mean(b.layer_norm(merge(y))), 10)
+    y = x
+    if layer.shape_key() == heads_transpose(tokens, heads, d, SPLIT).shape_key():
+        for _ in range(k):
+            y = b.linear(merge(b.matmul(b.softmax(scores(split(y))), values)), width)
+    else:  # the keys' transpose: a whole attention, projections included
+        for _ in range(k):
+            q, v = split(b.linear(y, width)), split(b.linear(y, width))
+            tag = b._tag()
+            kt = b.transpose(b.reshape(b.linear(y, width), (1, tokens, heads, d), tag), KEYS, tag)
+            y = b.linear(merge(b.matmul(b.softmax(b.scale(b.matmul(q, kt), d ** -0.5)), v)), width)
+    return b.classifier(b.token_mean(b.layer_norm(y)), 10)
+
+
+def link_layers(layer: LayerSpec) -> list[LayerSpec]:
+    """The kernels one link of `layer`'s chain adds, as the importer reads the chain (each
+    as often as a link holds it)."""
+    import tempfile
+    from pathlib import Path
+
+    from ..onnx_import import import_onnx
+
+    with tempfile.TemporaryDirectory(prefix="nasctl-chain-") as tmp:
+        read = []
+        for k in (2, 3):
+            path = Path(tmp) / f"chain{k}.onnx"
+            path.write_bytes(chain_network(layer, k).SerializeToString())
+            read.append(import_onnx(path).layers)
+    shorter = [lay.shape_key() for lay in read[0]]
+    link = []
+    for lay in read[1]:
+        key = lay.shape_key()
+        if key in shorter:
+            shorter.remove(key)
+        else:
+            link.append(lay)
+    return link
+
+
 def measure_chains(kernels: Sequence[LayerSpec], protocol, seed: int = 0,
                    on_kernel: Optional[Callable[[], None]] = None) -> list[dict]:
     """Each kernel's chains timed end to end, the lengths of one kernel together (the
     protocol's interleaved rounds, minimum, the median session), in CHAIN_PASSES passes
     over the kernels (the second in reverse order), the least time of each chain kept: per
-    kernel, its row (`lut.row_from_layer`) and the times of its chains.  (In one pass, 6 of
-    90 kernels' slopes came out 0.4-1.8x those of two: a spell of a slower machine over
-    some of a kernel's chains.)"""
+    kernel, its row (`lut.row_from_layer`), the rows of the kernels of one link
+    (`link_layers`) and the times of its chains.  (In one pass, 6 of 90 kernels' slopes
+    came out 0.4-1.8x those of two: a spell of a slower machine over some of a kernel's
+    chains.)"""
     from ..lut import row_from_layer
     from .timing import measure_models
 
@@ -102,31 +222,46 @@ def measure_chains(kernels: Sequence[LayerSpec], protocol, seed: int = 0,
             best[i] = np.minimum(best[i], measure_models(models[i], protocol, seed=seed + i + p * len(kernels)))
             if on_kernel is not None:
                 on_kernel()
-    return [{"row": row_from_layer(layer, 0.0), "lengths": list(CHAIN_LENGTHS),
-             "ms": [round(float(t), 7) for t in times]} for layer, times in zip(kernels, best)]
+    return [{"row": row_from_layer(layer, 0.0), "rows": [row_from_layer(lay, 0.0) for lay in link_layers(layer)],
+             "lengths": list(CHAIN_LENGTHS), "ms": [round(float(t), 7) for t in times]}
+            for layer, times in zip(kernels, best)]
 
 
 def chained_ms(entry: dict) -> float:
-    """A chained kernel's cost: the least-squares slope of its chains' times over their
-    lengths (half of it each for a widening linear layer and its way back)."""
-    from ..lut import layer_from_row
+    """The cost of one link of a kernel's chain: the least-squares slope of its chains'
+    times over their lengths."""
+    return float(np.polyfit(entry["lengths"], entry["ms"], 1)[0])
 
-    slope = float(np.polyfit(entry["lengths"], entry["ms"], 1)[0])
-    return slope / (2 if way_back(layer_from_row(entry["row"])) is not None else 1)
+
+def unit_rows(entry: dict) -> list[dict]:
+    """The rows of the kernels of one link of a chain (as measured; for chains saved
+    without them, `link_layers` of its kernel)."""
+    from ..lut import layer_from_row, row_from_layer
+
+    if "rows" in entry:
+        return list(entry["rows"])
+    return [row_from_layer(lay, 0.0) for lay in link_layers(layer_from_row(entry["row"]))]
 
 
 def chained_rows(chains: Sequence[dict]) -> list[dict]:
-    """The table rows the chained kernels give (a widening linear layer's way back too, at
-    the same cost), at least `attribution.FLOOR_MS` each."""
+    """The table rows the chained kernels give, at least `attribution.FLOOR_MS` each.  A
+    link's cost is shared out among its kernels, links of fewer kernels first: a kernel a
+    link before costs already takes that cost, and the rest share what is left evenly (a
+    widening linear layer and its way back take half of their link each)."""
     from ..lut import layer_from_row, row_from_layer
     from .attribution import FLOOR_MS
 
-    rows = []
-    for entry in chains:
-        layer = layer_from_row(entry["row"])
-        ms = max(chained_ms(entry), FLOOR_MS)
-        rows.append(row_from_layer(layer, ms))
-        back = way_back(layer)
-        if back is not None:
-            rows.append(row_from_layer(back, ms))
-    return rows
+    links = [[layer_from_row(r) for r in unit_rows(entry)] for entry in chains]
+    known: dict[tuple, float] = {}
+    given: dict[int, list[dict]] = {}  # (each entry's rows, in the order of the chains)
+    for j in sorted(range(len(chains)), key=lambda j: len(links[j])):
+        keys = [lay.shape_key() for lay in links[j]]
+        new = [i for i, key in enumerate(keys) if key not in known]
+        if not new:
+            continue
+        share = (chained_ms(chains[j]) - sum(known[key] for key in keys if key in known)) / len(new)
+        for i in new:
+            if keys[i] not in known:
+                known[keys[i]] = max(share, FLOOR_MS)
+                given.setdefault(j, []).append(row_from_layer(links[j][i], known[keys[i]]))
+    return [row for j in sorted(given) for row in given[j]]

@@ -88,8 +88,9 @@ JOINED_EVERY, JOINED_AT = 20, 16  # half of another slot the random networks hel
 GROUPED_EVERY, GROUPED_AT = 40, 6  # a quarter of that slot
 LARGE_MACS = (1e8, 1e9)
 LARGE_PREFIX = "large "  # a large network's description starts so
-CHAINED_HOW = ("token kernels of a few microseconds or less (`chains.chain_kernels`) chained 2, 8 and 14 times in "
-               "tiny token networks timed end to end; the slope over the lengths, in place of their profiled rows")
+CHAINED_HOW = ("token and attention kernels of a few microseconds or less (`chains.chain_kernels`) chained 2, 8 and "
+               "14 times in tiny token networks timed end to end; the slope over the lengths, shared out among the "
+               "kernels of a link (`chains.chained_rows`), in place of their profiled rows")
 KNEE_GAIN = 0.02  # the least share of the loss a slope without a working-set knee must take off to be kept
 # The float rows are scaled to the reference working set and the device fitted again at most
 # SCALING_PASSES times, until the slope moves by less than SCALING_TOLERANCE (`fit_profile`).
