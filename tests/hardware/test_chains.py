@@ -8,9 +8,9 @@ import pytest
 from nasctl.errors import UsageError
 from nasctl.hardware.layers import LayerSpec
 from nasctl.hardware.lut import layer_from_row, row_from_layer
-from nasctl.hardware.measure.chains import (CHAIN_LENGTHS, KEYS, SPLIT, attention_kernels, chain_kernels,
-                                            chain_network, chained_ms, chained_rows, heads_transpose, link_layers,
-                                            measure_chains, token_layer, unit_rows, way_back)
+from nasctl.hardware.measure.chains import (CHAIN_LENGTHS, KEYS, SPLIT, attention_chain, attention_kernels,
+                                            chain_kernels, chain_network, chained_ms, chained_rows, heads_transpose,
+                                            link_layers, measure_chains, token_layer, unit_rows, way_back)
 from nasctl.hardware.onnx_import import import_onnx
 
 SOFTMAX = LayerSpec("softmax", 2, 2, (16, 16), (16, 16))  # of 2 heads over 16 tokens
@@ -75,6 +75,8 @@ def test_every_kernel_a_profile_chains_can_be_built_and_other_token_counts_are_r
         chain_network(k, 2)
     with pytest.raises(ValueError, match="cannot chain a kernel of 9 tokens"):
         chain_network(token_layer("linear", 16, 16, 9), 2)
+    with pytest.raises(ValueError, match="unknown attention chain 'heads': one of softmax, scores, split, keys"):
+        attention_chain("heads", 16, 2, 8, 2)
 
 
 def _entry(layer: LayerSpec, per_link_ms: float, base_ms: float = 0.01, link: bool = False) -> dict:

@@ -104,19 +104,18 @@ def way_back(layer: LayerSpec) -> Optional[LayerSpec]:
 
 def chain_network(layer: LayerSpec, k: int, seed: int = 0):
     """An onnx model of `layer` chained `k` times (with its way back for a linear layer that
-    widens; an attention kernel with what it runs with: the module's docstring) between a
-    patch conv and a classifier."""
-    tokens = layer.in_ch if layer.op == "data" else layer.in_hw[0]
-    side = int(round(np.sqrt(tokens)))
-    if side * side != tokens or CHAIN_INPUT % side:
-        raise ValueError(f"cannot chain a kernel of {tokens} tokens: the {CHAIN_INPUT}x{CHAIN_INPUT} input patches "
-                         f"to {', '.join(str((CHAIN_INPUT // p) ** 2) for p in (4, 2, 1))}")
-    b = NetBuilder(np.random.default_rng(seed), (1, 1, CHAIN_INPUT, CHAIN_INPUT))
-    if layer.op in ("softmax", "matmul", "data"):
-        return b.model(_attention_chain(b, layer, k, side))
-    x = b.conv("input", layer.in_ch, CHAIN_INPUT // side, CHAIN_INPUT // side, pad=0)
-    tag = b._tag()
-    x = b.transpose(b.reshape(x, (1, layer.in_ch, tokens), tag), (0, 2, 1), tag)
+    widens; an attention kernel with what it runs with: `attention_chain`) between a patch
+    conv and a classifier."""
+    if layer.op == "softmax":
+        return attention_chain("softmax", layer.in_hw[0], layer.in_ch, 8, k, seed)
+    if layer.op == "matmul":
+        return attention_chain("scores", layer.out_ch, layer.in_hw[1], layer.in_ch, k, seed)
+    if layer.op == "data":
+        tokens, (heads, d) = layer.in_ch, layer.in_hw
+        split = layer.shape_key() == heads_transpose(tokens, heads, d, SPLIT).shape_key()
+        return attention_chain("split" if split else "keys", tokens, heads, d, k, seed)
+    tokens = layer.in_hw[0]
+    b, x = _token_input(tokens, layer.in_ch, seed)
     back = way_back(layer)
     for _ in range(k):
         if layer.op == "linear":
@@ -130,18 +129,31 @@ def chain_network(layer: LayerSpec, k: int, seed: int = 0):
     return b.model(b.classifier(b.token_mean(b.layer_norm(x)), 10))
 
 
-def _attention_chain(b: NetBuilder, layer: LayerSpec, k: int, side: int) -> str:
-    """The output of `layer`'s attention chain (`chain_network`), built on `b`."""
-    if layer.op == "softmax":
-        heads, tokens, d = layer.in_ch, layer.in_hw[0], 8
-    elif layer.op == "matmul":
-        heads, tokens, d = layer.in_hw[1], layer.out_ch, layer.in_ch
-    else:
-        tokens, (heads, d) = layer.in_ch, layer.in_hw
-    width = heads * d
+def _token_input(tokens: int, width: int, seed: int) -> tuple[NetBuilder, str]:
+    """A chain's builder and its first tokens: the CHAIN_INPUT-square input patched to
+    `tokens` tokens of `width`."""
+    side = int(round(np.sqrt(tokens)))
+    if side * side != tokens or CHAIN_INPUT % side:
+        raise ValueError(f"cannot chain a kernel of {tokens} tokens: the {CHAIN_INPUT}x{CHAIN_INPUT} input patches "
+                         f"to {', '.join(str((CHAIN_INPUT // p) ** 2) for p in (4, 2, 1))}")
+    b = NetBuilder(np.random.default_rng(seed), (1, 1, CHAIN_INPUT, CHAIN_INPUT))
     x = b.conv("input", width, CHAIN_INPUT // side, CHAIN_INPUT // side, pad=0)
     tag = b._tag()
-    x = b.transpose(b.reshape(x, (1, width, tokens), tag), (0, 2, 1), tag)
+    return b, b.transpose(b.reshape(x, (1, width, tokens), tag), (0, 2, 1), tag)
+
+
+ATTENTION_CHAINS = ("softmax", "scores", "split", "keys")
+
+
+def attention_chain(kind: str, tokens: int, heads: int, d: int, k: int, seed: int = 0):
+    """An onnx model of an attention chain of `k` links over `tokens` tokens in `heads`
+    heads of `d`: "softmax", the scores' softmax alone; "scores", their product, softmax
+    and the product mixing the values; "split", the split into heads, all that, the merge
+    and a linear layer; "keys", a whole attention (the projections of the queries, keys,
+    values and output, the keys' transpose among them).  Keys and values are taken from the
+    chain's input once, outside the links, but in "keys"."""
+    width = heads * d
+    b, x = _token_input(tokens, width, seed)
 
     def split(y):
         tag = b._tag()
@@ -151,31 +163,36 @@ def _attention_chain(b: NetBuilder, layer: LayerSpec, k: int, side: int) -> str:
         tag = b._tag()
         return b.reshape(b.transpose(y, SPLIT, tag), (1, tokens, width), tag)
 
-    tag = b._tag()
-    keys = b.transpose(b.reshape(x, (1, tokens, heads, d), tag), (0, 2, 3, 1), tag)  # once, outside the links
-    values = split(x)
-    scores = lambda y: b.scale(b.matmul(y, keys), d ** -0.5)  # noqa: E731
-    if layer.op == "softmax":
-        y = b.softmax(scores(values))
+    def keys_of(y):
+        tag = b._tag()
+        return b.transpose(b.reshape(y, (1, tokens, heads, d), tag), KEYS, tag)
+
+    def attend(q, kt, v):
+        return b.matmul(b.softmax(b.scale(b.matmul(q, kt), d ** -0.5)), v)
+
+    keys, values = keys_of(x), split(x)
+    if kind == "softmax":
+        y = b.softmax(b.scale(b.matmul(values, keys), d ** -0.5))
         for _ in range(k):
             y = b.softmax(y)
-        return b.classifier(b.token_mean(b.layer_norm(merge(b.matmul(y, values)))), 10)
-    if layer.op == "matmul":
+        y = merge(b.matmul(y, values))
+    elif kind == "scores":
         y = values
         for _ in range(k):
-            y = b.matmul(b.softmax(scores(y)), values)
-        return b.classifier(b.token_mean(b.layer_norm(merge(y))), 10)
-    y = x
-    if layer.shape_key() == heads_transpose(tokens, heads, d, SPLIT).shape_key():
+            y = attend(y, keys, values)
+        y = merge(y)
+    elif kind == "split":
+        y = x
         for _ in range(k):
-            y = b.linear(merge(b.matmul(b.softmax(scores(split(y))), values)), width)
-    else:  # the keys' transpose: a whole attention, projections included
+            y = b.linear(merge(attend(split(y), keys, values)), width)
+    elif kind == "keys":
+        y = x
         for _ in range(k):
-            q, v = split(b.linear(y, width)), split(b.linear(y, width))
-            tag = b._tag()
-            kt = b.transpose(b.reshape(b.linear(y, width), (1, tokens, heads, d), tag), KEYS, tag)
-            y = b.linear(merge(b.matmul(b.softmax(b.scale(b.matmul(q, kt), d ** -0.5)), v)), width)
-    return b.classifier(b.token_mean(b.layer_norm(y)), 10)
+            y = b.linear(merge(attend(split(b.linear(y, width)), keys_of(b.linear(y, width)),
+                                      split(b.linear(y, width)))), width)
+    else:
+        raise ValueError(f"unknown attention chain '{kind}': one of {', '.join(ATTENTION_CHAINS)}")
+    return b.model(b.classifier(b.token_mean(b.layer_norm(y)), 10))
 
 
 def link_layers(layer: LayerSpec) -> list[LayerSpec]:
