@@ -50,6 +50,8 @@ OPS = MAC_OPS | {"pool", "add", "mul", "act", "softmax", "norm", "resize", "conc
 SUM = "sum"  # the fn of an add that is a conv's residual sum (see above)
 MAX_NCHW = "max_nchw"  # the fn of an 8-bit max pool run in a plain channels-first kernel (above)
 STRIDED = "strided"  # the fn of a transpose or reduction run without contiguous blocks (above)
+# The fn of a transpose that moves the innermost of its dims over 1 (`transpose_fn`).
+MOVES_INNER = "inner"
 LAYER_OPS = "layer_ops"  # the fn of a layer norm run op by op (above)
 # The fn of an add that a runtime fuses with the layer norm reading it into one kernel
 # (onnxruntime's SkipLayerNormalization: two float token tensors of one shape, N x T x C,
@@ -84,6 +86,21 @@ def transpose_is_strided(shape: Sequence[int], perm: Sequence[int], element_byte
             break
         block *= shape[i]
     return block < WHOLE_BLOCK
+
+
+def transpose_fn(shape: Sequence[int], perm: Sequence[int]) -> str:
+    """A transpose's fn: `STRIDED` where a runtime copies it in small pieces
+    (`transpose_is_strided`), else `MOVES_INNER` where it moves the innermost of the dims
+    over 1 (each element lands apart from its neighbour: a 2-D transpose), else
+    "transpose" (whole blocks of the dims that stay innermost copied at a time, or a plain
+    copy).  The layer's folded shapes do not always tell these apart: attention's keys,
+    [1, T, heads, d] -> [1, heads, d, T], read as the split into heads, -> [1, heads, T, d],
+    where T = d."""
+    if transpose_is_strided(shape, perm):
+        return STRIDED
+    inner = [a for a in range(len(shape)) if shape[a] > 1]
+    moved = [a for a in perm if shape[a] > 1]
+    return MOVES_INNER if inner and moved[-1] != inner[-1] else "transpose"
 
 
 def _single_axis_move(perm: Sequence[int]) -> Optional[tuple[int, int]]:

@@ -78,7 +78,7 @@ from pydantic import BaseModel, ConfigDict, NonNegativeFloat, PositiveFloat, Pos
 from .. import specs, trees, workspace
 from ..errors import ConfigError, UsageError
 from .base import CostModel, CostReport, LayerCost
-from .layers import LAYER_OPS, MAX_NCHW, OPS, SKIP, STRIDED, SUM, LayerSpec
+from .layers import LAYER_OPS, MAX_NCHW, MOVES_INNER, OPS, SKIP, STRIDED, SUM, LayerSpec
 
 LUT_COLUMNS = ("op", "in_ch", "out_ch", "in_h", "in_w", "out_h", "out_w", "kernel_h", "kernel_w", "stride",
                "groups", "w_bits", "a_bits", "fn", "latency_ms")
@@ -559,7 +559,7 @@ def features(layers: Sequence[LayerSpec]) -> np.ndarray:
                      l.groups, l.w_bits, l.a_bits, _copies(l)) for l in layers], dtype=float).reshape(n, 15)
     channels = np.array([(l.out_ch, l.in_ch // l.groups) for l in layers], dtype=np.int64).reshape(n, 2)
     tokens = np.array([l.in_hw[1] == 1 and l.in_hw[0] > 1 for l in layers], dtype=float)
-    fns = [l.fn for l in layers]
+    fns = [_FEATURE_FN.get(l.fn, l.fn) for l in layers]
 
     def onehot(vocab: Sequence[str]) -> np.ndarray:
         return np.array([[fn == f for f in vocab] for fn in fns], dtype=float).reshape(n, len(vocab))
@@ -567,6 +567,11 @@ def features(layers: Sequence[LayerSpec]) -> np.ndarray:
     logged = np.log1p(raw)
     return np.column_stack([logged[:, :10], raw[:, 10], logged[:, 11:14], _align(channels), tokens,
                             onehot(FN_VOCAB), logged[:, 14], onehot(FN_LATER)])
+
+
+# A transpose moving the innermost dim reads as a transpose to the regressors (its copies
+# tell it apart); so they price it as before it was labelled so.
+_FEATURE_FN = {MOVES_INNER: "transpose"}
 
 
 def _copies(layer: LayerSpec) -> int:
@@ -578,6 +583,8 @@ def _copies(layer: LayerSpec) -> int:
     heads of 12 channels) makes 64 copies, not 768."""
     if layer.op != "data":
         return 0
+    if layer.fn == MOVES_INNER:
+        return max(layer.in_elems, 1)
     block = 1
     for a, b in zip((layer.in_hw[1], layer.in_hw[0], layer.in_ch), (layer.out_hw[1], layer.out_hw[0], layer.out_ch)):
         if a != b:
@@ -1098,8 +1105,11 @@ class LutDevice(CostModel):
             key = layer.shape_key()
             if key in self._cache:
                 continue
-            if key in self._exact and self.spec.exact_rows:
-                self._cache[key] = self._cost(self._exact[key], "table", layer)
+            row = self._exact.get(key)
+            if row is None and layer.fn == MOVES_INNER:  # a table made before such transposes were told apart
+                row = self._exact.get(replace(layer, fn="transpose").shape_key())
+            if row is not None and self.spec.exact_rows:
+                self._cache[key] = self._cost(row, "table", layer)
                 continue
             # The layer's kernel type; where the table has none of it, or only kernels far
             # smaller than this one (a regressor's rate would be extrapolated from fixed

@@ -75,7 +75,7 @@ from onnx import TensorProto, numpy_helper
 from ..errors import UsageError
 from .layout import BLOCKS, Reorder, reorders
 from .layers import (LAYER_OPS, MAX_NCHW, SKIP, STRIDED, SUM, WHOLE_BLOCK, LayerSpec, chw, reduction_is_strided,
-                     transpose_is_strided, transpose_view)
+                     transpose_fn, transpose_view)
 
 Shape = tuple[int, ...]
 
@@ -557,15 +557,14 @@ def _perm(node: Node, rank: int) -> list[int]:
 
 
 def _transpose_layer(node: Node, g: Graph, x: str, shape: Shape, perm: Sequence[int]) -> LayerSpec:
-    """A transpose by `perm` of a `shape` tensor of `x`'s values; fn `STRIDED` where the
-    runtime copies it in small pieces (`layers.transpose_is_strided`)."""
-    strided = transpose_is_strided(shape, perm)  # as of floats, whatever the bit width (as search spaces say)
+    """A transpose by `perm` of a `shape` tensor of `x`'s values; its fn as
+    `layers.transpose_fn` tells it (as of floats, whatever the bit width, as search spaces say)."""
     out = tuple(shape[a] for a in perm)
     view = transpose_view(shape, perm) if len(shape) > 4 else None  # `chw` folds rank 5 and up
     (cin, in_hw), (cout, out_hw) = chw(view[0]) if view else chw(tuple(shape)), chw(view[1]) if view else chw(out)
     bits = g.bits(x)
     return LayerSpec("data", cin, cout, in_hw, out_hw, w_bits=bits, a_bits=bits, name=node.name,
-                     fn=STRIDED if strided else "transpose")
+                     fn=transpose_fn(shape, perm))
 
 
 def _split_parts(node: Node, g: Graph) -> Optional[list[int]]:

@@ -25,7 +25,7 @@ from typing import Any, Optional
 from pydantic import Field, field_validator, model_validator
 
 from ..errors import ConfigError
-from ..hardware.layers import STRIDED, LayerSpec, chw, reduction_is_strided, transpose_is_strided
+from ..hardware.layers import STRIDED, LayerSpec, chw, reduction_is_strided, transpose_fn
 from .base import Arch, SearchSpace, Variable, machine_memory
 from .spec_parts import BitKnobs, Choice, ExitKnobs, check_bits, idle_exit_knobs
 from .spec_parts import Strict as _Strict
@@ -252,10 +252,8 @@ def _block_layers(block: dict, ch: int, h: int, w: int, tokens: int, classes: in
                                 segment=segment, role=role, name=f"{prefix}.{name}", **kw))
 
     def transpose(in_shape, perm, b=bits, name=""):
-        """A transpose, labelled as the importer labels it (`transpose_is_strided`)."""
-        out_shape = tuple(in_shape[p] for p in perm)
-        fn = STRIDED if transpose_is_strided(in_shape, perm) else "transpose"
-        add("data", in_shape, out_shape, b, name=name, fn=fn)
+        """A transpose, labelled as the importer labels it (`transpose_fn`)."""
+        add("data", in_shape, tuple(in_shape[p] for p in perm), b, name=name, fn=transpose_fn(in_shape, perm))
 
     def linear(cin, cout, t, b=bits, role="backbone", name="", fn=""):
         layers.append(LayerSpec("linear", cin, cout, (t, 1), (t, 1), w_bits=b, a_bits=b, segment=segment,

@@ -9,8 +9,8 @@ from nasctl.errors import UsageError
 from nasctl.hardware.layers import LayerSpec
 from nasctl.hardware.lut import layer_from_row, row_from_layer
 from nasctl.hardware.measure.chains import (CHAIN_LENGTHS, KEYS, SPLIT, attention_chain, attention_kernels,
-                                            chain_kernels, chain_network, chained_ms, chained_rows, heads_transpose,
-                                            link_layers, measure_chains, token_layer, unit_rows, way_back)
+                                            chain_kernels, chain_link, chain_network, chained_ms, chained_rows,
+                                            heads_transpose, link_layers, measure_chains, token_layer, way_back)
 from nasctl.hardware.onnx_import import import_onnx
 
 SOFTMAX = LayerSpec("softmax", 2, 2, (16, 16), (16, 16))  # of 2 heads over 16 tokens
@@ -66,10 +66,10 @@ def test_the_attention_kernels_chained_are_those_an_ee_vit_block_holds(heads, wi
 
 def test_every_kernel_a_profile_chains_can_be_built_and_other_token_counts_are_refused():
     kernels = chain_kernels()
-    assert len({k.shape_key() for k in kernels}) == len(kernels) == 90 + 113
+    assert len({k.shape_key() for k in kernels}) == len(kernels) == 90 + 117
     assert {(k.op, k.fn) for k in kernels} == {("linear", ""), ("linear", "gelu"), ("norm", "layer"), ("add", ""),
                                               ("softmax", ""), ("matmul", ""), ("data", "transpose"),
-                                              ("data", "strided")}
+                                              ("data", "strided"), ("data", "inner")}
     assert {k.in_ch if k.op == "data" else k.in_hw[0] for k in kernels} == {4, 16, 64}
     for k in kernels[::7]:
         chain_network(k, 2)
@@ -79,11 +79,9 @@ def test_every_kernel_a_profile_chains_can_be_built_and_other_token_counts_are_r
         attention_chain("heads", 16, 2, 8, 2)
 
 
-def _entry(layer: LayerSpec, per_link_ms: float, base_ms: float = 0.01, link: bool = False) -> dict:
-    """A chain of `layer` whose links take `per_link_ms`; with `link`, the link's kernels are
-    recorded as `measure_chains` records them (else derived, as for chains saved before)."""
-    rows = {"rows": [row_from_layer(lay, 0.0) for lay in link_layers(layer)]} if link else {}
-    return {"row": row_from_layer(layer, 0.0), **rows, "lengths": list(CHAIN_LENGTHS),
+def _entry(layer: LayerSpec, per_link_ms: float, base_ms: float = 0.01) -> dict:
+    """A chain of `layer` (as `measure_chains` records it) whose links take `per_link_ms`."""
+    return {"row": row_from_layer(layer, 0.0), "lengths": list(CHAIN_LENGTHS),
             "ms": [base_ms + per_link_ms * k for k in CHAIN_LENGTHS]}
 
 
@@ -97,9 +95,9 @@ def test_a_link_s_cost_is_shared_out_among_its_kernels_those_a_shorter_link_pric
     assert sorted(lay.shape_key() for lay in link if lay.op != "data") == sorted(
         lay.shape_key() for lay in (SCORES, SOFTMAX, MIX, projection))
     merge = next(lay for lay in link if lay.op == "data" and lay.shape_key() != split.shape_key())
-    chains = [_entry(split, 9e-3, link=True), _entry(SCORES, 5e-3, link=True), _entry(plain, 7.6e-4),
-              _entry(SOFTMAX, 1e-3, link=True), _entry(wide, 3e-3), _entry(projection, 1e-3)]
-    assert [len(unit_rows(e)) for e in chains] == [6, 3, 1, 1, 2, 1]
+    chains = [_entry(split, 9e-3), _entry(SCORES, 5e-3), _entry(plain, 7.6e-4),
+              _entry(SOFTMAX, 1e-3), _entry(wide, 3e-3), _entry(projection, 1e-3)]
+    assert [len(chain_link(e)) for e in chains] == [6, 3, 1, 1, 2, 1]
     rows = chained_rows(chains)
     got = {layer_from_row(r).shape_key(): r["latency_ms"] for r in rows}
     assert len(rows) == len(got)  # one row a kernel
@@ -160,7 +158,7 @@ def test_chained_rows_take_the_place_of_the_profiled_rows_the_profiler_could_not
     doc = json.loads((folder / MEASUREMENTS_FILE).read_text())
     assert doc["chains"] == chains  # saved beside the networks: a refit keeps them
     assert refit_profile("cpu-local", folder).rows == fitted.rows
-    for broken in ({"row": {}}, {**chains[0], "rows": [{"op": "linear"}]}):
+    for broken in ({"row": {}}, {**chains[0], "row": {"op": "linear"}}):
         (folder / MEASUREMENTS_FILE).write_text(json.dumps({**doc, "chains": [broken]}))
         with pytest.raises(UsageError, match="cannot read the measured context networks"):
             refit_profile("cpu-local", folder)

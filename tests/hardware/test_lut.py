@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import yaml
@@ -729,6 +731,32 @@ def test_adds_fused_into_a_layer_norm_and_strided_ops_are_priced_apart_and_as_th
     both = device(rows + plain + fused + moved, overhead={"per_layer_ms": 0.0})
     assert both.estimate([add(100, SKIP)]).latency_ms == pytest.approx(2e-6 * 6400, rel=0.3)
     assert both.estimate([add(100)]).latency_ms == pytest.approx(without.estimate([add(100)]).latency_ms)
+
+
+def test_attention_keys_transpose_is_told_from_the_split_into_heads_of_the_same_folded_shapes(rows):
+    """[1, T, heads, d] -> [1, heads, d, T] (attention's keys) and -> [1, heads, T, d] (the
+    split into heads) fold to the same shapes where T = d; the keys' transpose moves the
+    innermost dim (`MOVES_INNER`), element by element, and is priced apart: its own rows
+    price it, its copies are its elements; the regressors read it as a transpose, and a
+    table made before it was told apart prices it by its "transpose" row."""
+    from nasctl.hardware.layers import MOVES_INNER, chw, transpose_fn
+    from nasctl.hardware.lut import FEATURES, _copies, features
+
+    def transpose(t, h, d, perm):
+        shape = (1, t, h, d)
+        (ci, ih), (co, oh) = chw(shape), chw(tuple(shape[a] for a in perm))
+        return LayerSpec("data", ci, co, ih, oh, fn=transpose_fn(shape, perm))
+
+    keys, split = transpose(16, 2, 16, (0, 2, 3, 1)), transpose(16, 2, 16, (0, 2, 1, 3))
+    assert (keys.fn, split.fn) == (MOVES_INNER, "transpose")
+    assert replace(keys, fn="transpose").shape_key() == split.shape_key()  # the same but for the label
+    assert (_copies(keys), _copies(split)) == (512, 32)  # element by element; blocks of d = 16
+    column = FEATURES.index("fn_transpose")
+    assert features([keys])[0, column] == features([split])[0, column] == 1.0
+    old = device(rows + [row_from_layer(split, 1e-3)], overhead={"per_layer_ms": 0.0})
+    assert old.estimate([keys]).latency_ms == pytest.approx(1e-3)  # the row of its day
+    both = device(rows + [row_from_layer(split, 1e-3), row_from_layer(keys, 3e-3)], overhead={"per_layer_ms": 0.0})
+    assert (both.estimate([keys]).latency_ms, both.estimate([split]).latency_ms) == pytest.approx((3e-3, 1e-3))
 
 
 def test_layer_norms_run_op_by_op_are_priced_apart_and_as_fused_ones_where_the_table_has_none(rows):

@@ -458,7 +458,7 @@ def test_element_wise_pool_resize_softmax_and_data_ops(tmp_path):
         ("resize", "nearest", 4, (4, 4), 4, (8, 8)),
         ("add", "", 4, (8, 8), 4, (8, 8)),
         ("pool", "avg", 4, (8, 8), 4, (1, 1)),
-        ("data", "transpose", 64, (4, 1), 4, (64, 1)),
+        ("data", "inner", 64, (4, 1), 4, (64, 1)),  # tokens <-> channels: the innermost dim moves
         ("softmax", "", 4, (64, 1), 4, (64, 1)),
         ("pool", "strided", 4, (64, 1), 4, (1, 1)),  # a mean over tokens, with channels inside them
     ]
@@ -793,27 +793,31 @@ def test_large_weights_import_without_their_values(tmp_path):
 
 
 # Measured with onnxruntime alone on 65,536 floats (benchmarks/README.md): ns per element.
+# The label: "strided" (copied in small pieces), "inner" (the innermost of the dims over 1
+# moves), else "transpose" (whole blocks of the innermost dims copied at a time).
 TRANSPOSES = [
-    ([1, 64, 256, 4], [0, 3, 2, 1], True),       # 3.4: the innermost axis moves among others
-    ([1, 64, 256, 4], [0, 3, 1, 2], False),      # 0.18: one axis moved outwards, 4-byte blocks
-    ([1, 64, 256, 4], [0, 2, 3, 1], False),      # 0.79: one axis moved inwards
-    ([1, 64, 256, 4], [0, 2, 1, 3], True),       # 2.2: one axis moved outwards, blocks of 4 floats
-    ([1024, 16, 2, 2], [0, 2, 1, 3], False),     # 0.33: blocks of 8 bytes
-    ([64, 16, 4, 16], [0, 2, 1, 3], False),      # 0.66: blocks of 16 floats
-    ([16, 4, 16, 64], [2, 0, 3, 1], True),       # 3.7
-    ([1, 8, 8, 32, 32], [0, 2, 1, 3, 4], False),  # 0.20: ShuffleNet's channel shuffle
-    ([8, 8, 32, 32], [1, 0, 3, 2], True),        # 3.4 (equal sizes: not a reshape)
-    ([1, 64, 16, 16, 2, 2], [0, 1, 3, 5, 2, 4], True),  # 3.9: MobileViT-style unfold
-    ([1, 1, 64, 8], [1, 0, 2, 3], False),        # dims of 1 moved: a plain copy
+    ([1, 64, 256, 4], [0, 3, 2, 1], "strided"),   # 3.4: the innermost axis moves among others
+    ([1, 64, 256, 4], [0, 3, 1, 2], "inner"),     # 0.18: one axis moved outwards, 4-byte blocks
+    ([1, 64, 256, 4], [0, 2, 3, 1], "inner"),     # 0.79: one axis moved inwards
+    ([1, 64, 256, 4], [0, 2, 1, 3], "strided"),   # 2.2: one axis moved outwards, blocks of 4 floats
+    ([1024, 16, 2, 2], [0, 2, 1, 3], "transpose"),  # 0.33: blocks of 8 bytes
+    ([64, 16, 4, 16], [0, 2, 1, 3], "transpose"),   # 0.66: blocks of 16 floats
+    ([16, 4, 16, 64], [2, 0, 3, 1], "strided"),   # 3.7
+    ([1, 8, 8, 32, 32], [0, 2, 1, 3, 4], "transpose"),  # 0.20: ShuffleNet's channel shuffle
+    ([8, 8, 32, 32], [1, 0, 3, 2], "strided"),    # 3.4 (equal sizes: not a reshape)
+    ([1, 64, 16, 16, 2, 2], [0, 1, 3, 5, 2, 4], "strided"),  # 3.9: MobileViT-style unfold
+    ([1, 1, 64, 8], [1, 0, 2, 3], "transpose"),   # dims of 1 moved: a plain copy
+    ([1, 16, 1, 16], [0, 2, 3, 1], "inner"),      # attention's keys, 1 head of 16 over 16 tokens
+    ([1, 16, 1, 16], [0, 2, 1, 3], "transpose"),  # its split into heads: the same folded shapes
 ]
 
 
-@pytest.mark.parametrize("shape,perm,strided", TRANSPOSES)
-def test_transposes_are_labelled_by_how_onnxruntime_copies_them(tmp_path, shape, perm, strided):
+@pytest.mark.parametrize("shape,perm,label", TRANSPOSES)
+def test_transposes_are_labelled_by_how_onnxruntime_copies_them(tmp_path, shape, perm, label):
     shape, perm = [1, *shape], [0, *(p + 1 for p in perm)]  # one input at a time: a batch of 1 in front
     out = [shape[p] for p in perm]
     layer = only(layers_of(tmp_path, [node("Transpose", ["x"], ["y"], perm=perm)], {"x": shape}, ["y"]))
-    assert (layer.op, layer.fn) == ("data", "strided" if strided else "transpose"), (shape, perm, out)
+    assert (layer.op, layer.fn) == ("data", label), (shape, perm, out)
 
 
 @pytest.mark.parametrize("shape,perm,copies", [

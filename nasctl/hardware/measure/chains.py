@@ -10,7 +10,7 @@ rows priced it at 0.31 µs, and transformers of 4 tokens were priced 8-20% low.
 So `hw profile` times them without the profiler: a tiny token network (an 8x8 input
 patched to CHAIN_TOKENS tokens) with the kernel chained CHAIN_LENGTHS times, end to end;
 the slope of its time over the chain lengths is the cost of one link (`chained_ms`).  A
-link holds the kernel and what it cannot run without (`unit_rows`): a linear layer that
+link holds the kernel and what it cannot run without (`link_layers`): a linear layer that
 widens the tokens is chained with its way back; an add is chained as a tensor added to
 itself.  The kernels (`chain_kernels`): linear layers of each width of CHAIN_WIDTHS to
 itself and, with a GELU, to CHAIN_RATIOS times it (and back), layer norms and adds, over
@@ -22,8 +22,9 @@ count of CHAIN_HEADS and width of CHAIN_ATTENTION_WIDTHS: the softmax of the sco
 the scores' product, chained with that softmax and the product mixing the values (the
 softmax keeps the chain's values bounded); and the split of the tokens into heads,
 chained with all of that, the merge of the heads and a linear layer (onnxruntime would
-cancel a split and a merge that meet).  On a 2-vCPU EPYC, attention of 2 or 4 heads was
-priced 12-22% low over 4 tokens and up to 31% high over 64 from the profiled rows.
+cancel a split and a merge that meet); and the keys' transpose, in a whole attention
+(`attention_chain`).  On a 2-vCPU EPYC, whole attentions of 2 or 4 heads were priced
+9-17% low over 4 tokens and up to 29% high over 64 from the profiled rows.
 
 Each link's cost is shared out among its kernels (`chained_rows`): those a shorter link
 costs already take that cost, and the rest share what is left evenly (the two products
@@ -36,7 +37,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from ..layers import STRIDED, LayerSpec, chw, transpose_is_strided
+from ..layers import LayerSpec, chw, transpose_fn
 from .context import NetBuilder
 
 CHAIN_LENGTHS = (2, 8, 14)
@@ -74,16 +75,15 @@ def attention_kernels(tokens: Sequence[int] = CHAIN_TOKENS, widths: Sequence[int
                       heads: Sequence[int] = CHAIN_HEADS) -> list[LayerSpec]:
     """The attention kernels a profile chains: per token count and head count, the scores'
     softmax, and per width too, the scores' product, the split into heads and the keys'
-    transpose (where it is not of the split's shape)."""
+    transpose."""
     kernels = []
     for t in tokens:
         for h in heads:
             kernels.append(LayerSpec("softmax", h, h, (t, t), (t, t), w_bits=32, a_bits=32))
             for w in widths:
                 if w % h == 0:
-                    split, keys = heads_transpose(t, h, w // h, SPLIT), heads_transpose(t, h, w // h, KEYS)
                     kernels += [LayerSpec("matmul", w // h, t, (t, h), (t, h), w_bits=32, a_bits=32, bias=False),
-                                split] + ([keys] if keys.shape_key() != split.shape_key() else [])
+                                heads_transpose(t, h, w // h, SPLIT), heads_transpose(t, h, w // h, KEYS)]
     return kernels
 
 
@@ -91,8 +91,7 @@ def heads_transpose(tokens: int, heads: int, d: int, perm: Sequence[int]) -> Lay
     """The transpose of [1, tokens, heads, d] by `perm` (SPLIT or KEYS), as the importer reads it."""
     shape = (1, tokens, heads, d)
     (cin, in_hw), (cout, out_hw) = chw(shape), chw(tuple(shape[a] for a in perm))
-    return LayerSpec("data", cin, cout, in_hw, out_hw, w_bits=32, a_bits=32,
-                     fn=STRIDED if transpose_is_strided(shape, perm) else "transpose")
+    return LayerSpec("data", cin, cout, in_hw, out_hw, w_bits=32, a_bits=32, fn=transpose_fn(shape, perm))
 
 
 def way_back(layer: LayerSpec) -> Optional[LayerSpec]:
@@ -225,10 +224,9 @@ def measure_chains(kernels: Sequence[LayerSpec], protocol, seed: int = 0,
     """Each kernel's chains timed end to end, the lengths of one kernel together (the
     protocol's interleaved rounds, minimum, the median session), in CHAIN_PASSES passes
     over the kernels (the second in reverse order), the least time of each chain kept: per
-    kernel, its row (`lut.row_from_layer`), the rows of the kernels of one link
-    (`link_layers`) and the times of its chains.  (In one pass, 6 of 90 kernels' slopes
-    came out 0.4-1.8x those of two: a spell of a slower machine over some of a kernel's
-    chains.)"""
+    kernel, its row (`lut.row_from_layer`) and the times of its chains.  (In one pass, 6 of
+    90 kernels' slopes came out 0.4-1.8x those of two: a spell of a slower machine over
+    some of a kernel's chains.)"""
     from ..lut import row_from_layer
     from .timing import measure_models
 
@@ -239,9 +237,8 @@ def measure_chains(kernels: Sequence[LayerSpec], protocol, seed: int = 0,
             best[i] = np.minimum(best[i], measure_models(models[i], protocol, seed=seed + i + p * len(kernels)))
             if on_kernel is not None:
                 on_kernel()
-    return [{"row": row_from_layer(layer, 0.0), "rows": [row_from_layer(lay, 0.0) for lay in link_layers(layer)],
-             "lengths": list(CHAIN_LENGTHS), "ms": [round(float(t), 7) for t in times]}
-            for layer, times in zip(kernels, best)]
+    return [{"row": row_from_layer(layer, 0.0), "lengths": list(CHAIN_LENGTHS),
+             "ms": [round(float(t), 7) for t in times]} for layer, times in zip(kernels, best)]
 
 
 def chained_ms(entry: dict) -> float:
@@ -250,14 +247,12 @@ def chained_ms(entry: dict) -> float:
     return float(np.polyfit(entry["lengths"], entry["ms"], 1)[0])
 
 
-def unit_rows(entry: dict) -> list[dict]:
-    """The rows of the kernels of one link of a chain (as measured; for chains saved
-    without them, `link_layers` of its kernel)."""
-    from ..lut import layer_from_row, row_from_layer
+def chain_link(entry: dict) -> list[LayerSpec]:
+    """The kernels of one link of a chain, as this version's importer reads the chain
+    (`link_layers`: a refit reads the chains again, as it reads the context networks)."""
+    from ..lut import layer_from_row
 
-    if "rows" in entry:
-        return list(entry["rows"])
-    return [row_from_layer(lay, 0.0) for lay in link_layers(layer_from_row(entry["row"]))]
+    return link_layers(layer_from_row(entry["row"]))
 
 
 def chained_rows(chains: Sequence[dict]) -> list[dict]:
@@ -265,10 +260,10 @@ def chained_rows(chains: Sequence[dict]) -> list[dict]:
     link's cost is shared out among its kernels, links of fewer kernels first: a kernel a
     link before costs already takes that cost, and the rest share what is left evenly (a
     widening linear layer and its way back take half of their link each)."""
-    from ..lut import layer_from_row, row_from_layer
+    from ..lut import row_from_layer
     from .attribution import FLOOR_MS
 
-    links = [[layer_from_row(r) for r in unit_rows(entry)] for entry in chains]
+    links = [chain_link(entry) for entry in chains]
     known: dict[tuple, float] = {}
     given: dict[int, list[dict]] = {}  # (each entry's rows, in the order of the chains)
     for j in sorted(range(len(chains)), key=lambda j: len(links[j])):
